@@ -1,0 +1,210 @@
+"""The span collector: which TracerProvider agl writes to, and which rollout a span belongs to.
+
+Provider rule: when the user has set an OpenTelemetry SDK ``TracerProvider`` as
+the global one, agl adds its span processor to it and creates its spans there,
+so the user's exporters see them; agl never sets or replaces the global
+provider. Without one, agl keeps a private SDK provider of its own. The global
+provider is re-checked each time a tracer is asked for (an identity check), so
+a provider the user sets after ``instrument()`` is picked up.
+
+Attribution: the current rollout lives in a ``ContextVar``. The processor's
+``on_start`` runs in the context that creates the span, so it stamps
+``agl.rollout.id`` on every span started inside a rollout, across asyncio tasks
+and context-copying executors, including spans of other instrumentations on the
+same provider. ``on_end`` hands the finished span to that rollout's buffer. Spans
+started outside any rollout are never held, so nothing grows without bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from agl_core import semconv
+from agl_core.guard import report
+from agl_core.schema import Span
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace import Span as SdkSpan
+    from opentelemetry.trace import Tracer
+
+logger = logging.getLogger("agl")
+
+class RolloutBuffer:
+    """Finished spans of one open rollout, in end order."""
+
+    __slots__ = ("rollout_id", "task_id", "attempt", "spans", "closed")
+
+    def __init__(self, rollout_id: str, task_id: str, attempt: int) -> None:
+        self.rollout_id = rollout_id
+        self.task_id = task_id
+        self.attempt = attempt
+        self.spans: list[ReadableSpan] = []
+        self.closed = False
+
+
+current_rollout: ContextVar[RolloutBuffer | None] = ContextVar("agl_current_rollout", default=None)
+_open: dict[str, RolloutBuffer] = {}  # rollout id -> buffer, only while the rollout is open
+late_spans = 0  # spans of a rollout that ended after its block had closed (their rollout was written without them)
+
+
+def open_buffer(buffer: RolloutBuffer) -> None:
+    _open[buffer.rollout_id] = buffer
+
+
+def close_buffer(buffer: RolloutBuffer) -> list[ReadableSpan]:
+    buffer.closed = True
+    _open.pop(buffer.rollout_id, None)
+    return buffer.spans
+
+
+def _count_late(rollout_id: str) -> None:
+    global late_spans
+    late_spans += 1
+    if late_spans == 1:
+        logger.warning("agl: a span of rollout %s ended after the rollout closed; such spans are counted in "
+                       "agl_core.collector.late_spans and not stored", rollout_id)
+
+
+def _make_processor() -> Any:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class AglSpanProcessor(SpanProcessor):
+        """Stamps spans with the current rollout and collects them when they end."""
+
+        def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
+            buffer = current_rollout.get()
+            if buffer is not None and not buffer.closed:
+                try:
+                    span.set_attribute(semconv.AGL_ROLLOUT_ID, buffer.rollout_id)
+                except Exception as exc:  # noqa: BLE001
+                    report("collector.on_start", exc)
+
+        def on_end(self, span: ReadableSpan) -> None:
+            attrs = span.attributes
+            rollout_id = attrs.get(semconv.AGL_ROLLOUT_ID) if attrs else None
+            if rollout_id is None:
+                return
+            buffer = _open.get(str(rollout_id))
+            if buffer is None:
+                _count_late(str(rollout_id))
+                return
+            buffer.spans.append(span)
+
+        def shutdown(self) -> None:
+            return None
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
+
+    return AglSpanProcessor()
+
+
+class _Telemetry:
+    """Which provider and tracer agl uses now."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.processor: Any = None
+        self.attached: list[Any] = []  # providers our processor is on (kept alive: few, long-lived)
+        self.private: TracerProvider | None = None
+        self.explicit: Any = None
+        self.seen_global: Any = object()
+        self.tracer: Tracer | None = None
+        self.provider: Any = None
+
+
+_t = _Telemetry()
+
+
+def _attach(provider: Any) -> None:
+    if _t.processor is None:
+        _t.processor = _make_processor()
+    if not any(p is provider for p in _t.attached):
+        provider.add_span_processor(_t.processor)
+        _t.attached.append(provider)
+
+
+def _refresh(global_provider: Any) -> Tracer:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    with _t.lock:
+        provider = _t.explicit
+        if provider is None and isinstance(global_provider, TracerProvider):
+            provider = global_provider
+        if provider is None:
+            if _t.private is None:
+                _t.private = TracerProvider()
+            provider = _t.private
+        _attach(provider)
+        _t.tracer = provider.get_tracer(semconv.TRACER_NAME)
+        _t.provider = provider
+        _t.seen_global = global_provider
+        return _t.tracer
+
+
+def install(tracer_provider: Any = None) -> None:
+    """Make agl's processor part of ``tracer_provider`` (or the global/private one)."""
+    from opentelemetry import trace
+
+    if tracer_provider is not None:
+        _t.explicit = tracer_provider
+    _refresh(trace.get_tracer_provider())
+
+
+def tracer() -> Tracer:
+    """agl's tracer on the provider chosen by the rule above; cheap enough for every call."""
+    from opentelemetry import trace
+
+    g = trace.get_tracer_provider()
+    t = _t.tracer
+    if t is None or g is not _t.seen_global:
+        return _refresh(g)
+    return t
+
+
+def provider() -> Any:
+    """The provider agl's spans go to now (installing agl on first use)."""
+    tracer()
+    return _t.provider
+
+
+# --------------------------------------------------------------------------- to records
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # keep the fact without breaking JSON
+    return value
+
+
+def to_record(span: ReadableSpan, rollout_id: str | None = None) -> Span:
+    """An SDK span as agl's plain ``Span`` record."""
+    ctx = span.context
+    parent = span.parent
+    status = span.status
+    attrs = {k: _plain(v) for k, v in (span.attributes or {}).items()}
+    events = [
+        {"name": e.name, "time_ns": e.timestamp, "attributes": {k: _plain(v) for k, v in (e.attributes or {}).items()}}
+        for e in span.events
+    ]
+    return Span(
+        span_id=format(ctx.span_id, "016x") if ctx else "",
+        trace_id=format(ctx.trace_id, "032x") if ctx else "",
+        name=span.name,
+        parent_id=format(parent.span_id, "016x") if parent is not None else None,
+        start_ns=span.start_time or 0,
+        end_ns=span.end_time or span.start_time or 0,
+        attributes=attrs,
+        status=status.status_code.name.lower(),  # type: ignore[arg-type]
+        status_message=status.description,
+        events=events,
+        rollout_id=rollout_id if rollout_id is not None else attrs.get(semconv.AGL_ROLLOUT_ID),
+    )

@@ -1,0 +1,347 @@
+"""Spans -> transitions: which LLM calls are trained, and with what reward.
+
+A rollout's spans become one :class:`~agl_core.schema.Transition` per policy-LLM
+call, in call order:
+
+1. **One request, one transition.** LLM spans nested inside another LLM span
+   (a LangChain ``ChatOpenAI`` call is also an ``openai`` client call) are merged
+   into the outermost one: the agent identity comes from the outer span, the
+   token ids from whichever span has the best ones (gateway > response >
+   retokenized), messages from the first span that recorded them.
+2. **Agent identity** is the nearest ``gen_ai.agent.name`` on the call or its
+   ancestors; ``agent_match`` (a regex, matched against the whole name) selects
+   which agents are trained.
+3. **Rewards.** An intermediate reward (``emit_reward(v, name=...)``) attaches to
+   the LLM call it follows; AIR rules turn tool outcomes (exception, error
+   result, timeout) into intermediate rewards on the call that asked for the
+   tool, and a malformed tool call into one on the call that made it. The final
+   reward is the last unnamed ``emit_reward``. Credit assignment
+   (:mod:`agl_core.credit`) then gives each transition its credited reward,
+   computed over every call of the run, trained or not.
+4. **Nothing is dropped silently**: each LLM call that does not become a
+   transition is listed in ``Trajectory.skipped`` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from agl_core import credit as credit_mod
+from agl_core import semconv
+from agl_core.errors import SchemaError
+from agl_core.messages import from_genai, many_from_genai
+from agl_core.schema import Rollout, Skipped, Span, Trajectory, Transition
+
+_SOURCE_RANK = {"gateway": 3, "response": 2, "retokenized": 1}
+
+
+@dataclass(frozen=True)
+class AirRules:
+    """Automatic intermediate rewards from system signals (AIR); None switches a rule off.
+
+    ``custom`` is called with every tool span and may return a reward (or None).
+    """
+
+    tool_exception: float | None = None
+    tool_error: float | None = None
+    tool_timeout: float | None = None
+    malformed_tool_call: float | None = None
+    tool_ok: float | None = None
+    custom: Callable[[Span], float | None] | None = None
+
+    def for_outcome(self, outcome: str) -> float | None:
+        return {
+            semconv.TOOL_EXCEPTION: self.tool_exception,
+            semconv.TOOL_ERROR: self.tool_error,
+            semconv.TOOL_TIMEOUT: self.tool_timeout,
+            semconv.TOOL_OK: self.tool_ok,
+        }.get(outcome)
+
+
+def is_llm_span(span: Span) -> bool:
+    return span.attributes.get(semconv.GEN_AI_OPERATION_NAME) in semconv.LLM_OPERATIONS
+
+
+def is_tool_span(span: Span) -> bool:
+    return span.attributes.get(semconv.GEN_AI_OPERATION_NAME) == semconv.OP_EXECUTE_TOOL
+
+
+def tool_outcome(span: Span) -> str:
+    """ok | error | exception | timeout, from agl's attribute or the span's error status."""
+    status = span.attributes.get(semconv.AGL_TOOL_STATUS)
+    if isinstance(status, str) and status:
+        return status
+    error_type = span.attributes.get(semconv.ERROR_TYPE)
+    if span.status == "error" or error_type:
+        return semconv.TOOL_TIMEOUT if "timeout" in str(error_type or "").lower() else semconv.TOOL_EXCEPTION
+    return semconv.TOOL_OK
+
+
+def _json_attr(span: Span, key: str) -> Any:
+    raw = span.attributes.get(key)
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return json.loads(raw)
+    return raw
+
+
+class _Call:
+    """One model request: the outermost LLM span and the spans nested in it."""
+
+    def __init__(self, outer: Span) -> None:
+        self.outer = outer
+        self.spans = [outer]
+        self.rewards: list[float] = []
+
+    @property
+    def start(self) -> int:
+        return self.outer.start_ns
+
+    def first(self, key: str) -> Any:
+        for span in self.spans:
+            value = span.attributes.get(key)
+            if value is not None:
+                return value
+        return None
+
+    def tokens(self) -> tuple[list[int] | None, list[int] | None, list[float] | None, str | None]:
+        best: Span | None = None
+        for span in self.spans:
+            a = span.attributes
+            if a.get(semconv.AGL_RESPONSE_TOKEN_IDS) is None or a.get(semconv.AGL_PROMPT_TOKEN_IDS) is None:
+                continue
+            rank = _SOURCE_RANK.get(str(a.get(semconv.AGL_TOKEN_SOURCE)), 0)
+            if best is None or rank > _SOURCE_RANK.get(str(best.attributes.get(semconv.AGL_TOKEN_SOURCE)), 0):
+                best = span
+        if best is None:
+            return None, None, None, None
+        a = best.attributes
+        source = a.get(semconv.AGL_TOKEN_SOURCE)
+        logprobs = a.get(semconv.AGL_RESPONSE_LOGPROBS)
+        return (list(a[semconv.AGL_PROMPT_TOKEN_IDS]), list(a[semconv.AGL_RESPONSE_TOKEN_IDS]),
+                list(logprobs) if logprobs is not None else None,
+                source if source in _SOURCE_RANK else "response")
+
+
+class TransitionBuilder:
+    """Decides which LLM calls become transitions and which signals become rewards.
+
+    ``agent_match``: regex matched against the whole agent name (``"writer|rewriter"``
+    keeps those two and not ``"checker"``); None keeps every call.
+    ``air``: :class:`AirRules` for intermediate rewards from tool outcomes.
+    ``credit``/``gamma``: credit assignment, see :mod:`agl_core.credit`.
+    """
+
+    def __init__(
+        self,
+        agent_match: str | re.Pattern[str] | None = None,
+        air: AirRules | None = None,
+        credit: credit_mod.Credit = "final",
+        gamma: float = 1.0,
+    ) -> None:
+        try:
+            self.agent_match = re.compile(agent_match) if isinstance(agent_match, str) else agent_match
+        except re.error as exc:
+            raise SchemaError("TransitionBuilder.agent_match", f"is not a valid regular expression: {exc}") from None
+        if credit not in ("final", "discounted") and not callable(credit):
+            raise SchemaError("TransitionBuilder.credit", f"must be 'final', 'discounted' or a function, got {credit!r}")
+        self.air = air or AirRules()
+        self.credit = credit
+        self.gamma = gamma
+
+    def build(self, rollout: Rollout) -> Trajectory:
+        """The trajectory of one finished rollout."""
+        return self.build_from_spans(rollout.spans, rollout_id=rollout.id, task_id=rollout.task_id,
+                                     attempt=rollout.attempt)
+
+    def build_from_spans(self, spans: Iterable[Span], *, rollout_id: str, task_id: str, attempt: int = 1) -> Trajectory:
+        spans = sorted(spans, key=lambda s: (s.start_ns, s.end_ns))
+        by_id = {s.span_id: s for s in spans}
+        calls = _group_calls(spans, by_id)
+        skipped: list[Skipped] = []
+
+        final: float | None = None
+        for span in spans:
+            a = span.attributes
+            if a.get(semconv.AGL_SPAN_KIND) == semconv.KIND_REWARD:
+                value = a.get(semconv.AGL_REWARD_VALUE)
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    continue
+                if a.get(semconv.AGL_REWARD_NAME) is None:
+                    final = float(value)
+                elif calls:
+                    _call_before(calls, span.start_ns).rewards.append(float(value))
+            elif is_tool_span(span) and calls:
+                self._air_for_tool(span, calls)
+
+        rows: list[tuple[_Call, Transition | None]] = []
+        for call in calls:
+            rows.append((call, self._transition(call, by_id, rollout_id, task_id, attempt, skipped)))
+
+        immediate = [sum(c.rewards) if c.rewards else None for c, _ in rows]
+        credited = credit_mod.assign(immediate, final, self.credit, self.gamma)
+        transitions: list[Transition] = []
+        for (call, t), r, cr in zip(rows, immediate, credited):
+            if t is None:
+                continue
+            t.index = len(transitions)
+            t.reward = r
+            t.credited_reward = cr
+            transitions.append(t)
+        return Trajectory(rollout_id=rollout_id, task_id=task_id, attempt=attempt, transitions=transitions,
+                          reward=final, skipped=skipped)
+
+    # -- pieces ---------------------------------------------------------------------------
+
+    def _air_for_tool(self, span: Span, calls: list[_Call]) -> None:
+        rewards = []
+        value = self.air.for_outcome(tool_outcome(span))
+        if value is not None:
+            rewards.append(value)
+        if self.air.custom is not None:
+            extra = self.air.custom(span)
+            if extra is not None:
+                rewards.append(float(extra))
+        if not rewards:
+            return
+        owner = _call_for_tool(calls, span)
+        owner.rewards.extend(rewards)
+
+    def _transition(self, call: _Call, by_id: dict[str, Span], rollout_id: str, task_id: str, attempt: int,
+                    skipped: list[Skipped]) -> Transition | None:
+        outer = call.outer
+        agent = _agent_name(call, by_id)
+        try:
+            raw_in = _first_json(call, semconv.GEN_AI_INPUT_MESSAGES)
+            raw_out = _first_json(call, semconv.GEN_AI_OUTPUT_MESSAGES)
+            tools = _first_json(call, semconv.GEN_AI_TOOL_DEFINITIONS)
+        except ValueError as exc:
+            skipped.append(Skipped(span_id=outer.span_id, reason=f"unreadable message attribute: {exc}"))
+            return None
+        prompt_ids, response_ids, logprobs, source = call.tokens()
+        if not raw_out and response_ids is None:
+            if any(s.status == "error" for s in call.spans):
+                error = call.first(semconv.ERROR_TYPE) or outer.status_message or "error"
+                reason = f"the call failed ({error}): no response to train on"
+            else:
+                reason = "no response recorded (content capture off, or the call never finished)"
+            skipped.append(Skipped(span_id=outer.span_id, reason=reason))
+            return None
+        response = from_genai(raw_out[0]) if raw_out else {"role": "assistant", "content": None}
+        response["role"] = "assistant"
+        finish = (raw_out[0].get("finish_reason") if raw_out else None) or _first_finish(call)
+        if self.air.malformed_tool_call is not None and _malformed(response, tools):
+            call.rewards.append(self.air.malformed_tool_call)
+        if self.agent_match is not None and (agent is None or not self.agent_match.fullmatch(agent)):
+            skipped.append(Skipped(span_id=outer.span_id,
+                                   reason=f"agent {agent!r} does not match agent_match {self.agent_match.pattern!r}"))
+            return None
+        model = call.first(semconv.GEN_AI_RESPONSE_MODEL) or call.first(semconv.GEN_AI_REQUEST_MODEL)
+        try:
+            return Transition(
+                rollout_id=rollout_id, task_id=task_id, attempt=attempt, index=0,
+                agent_name=agent, model=str(model) if model is not None else None,
+                prompt=many_from_genai(raw_in or []), response=response,
+                prompt_token_ids=prompt_ids, response_token_ids=response_ids, response_logprobs=logprobs,
+                token_source=source, span_id=outer.span_id, trace_id=outer.trace_id,  # type: ignore[arg-type]
+                tools=tools if isinstance(tools, list) else None,
+                finish_reason=str(finish) if finish is not None else None,
+            )
+        except SchemaError as exc:
+            skipped.append(Skipped(span_id=outer.span_id, reason=f"invalid record: {exc}"))
+            return None
+
+
+def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:
+    calls: dict[str, _Call] = {}
+    for span in spans:
+        if not is_llm_span(span):
+            continue
+        outer = span
+        parent = by_id.get(span.parent_id) if span.parent_id else None
+        seen = 0
+        while parent is not None and seen < 10_000:
+            if is_llm_span(parent):
+                outer = parent
+            parent = by_id.get(parent.parent_id) if parent.parent_id else None
+            seen += 1
+        if outer.span_id in calls:
+            calls[outer.span_id].spans.append(span)
+        else:
+            call = _Call(outer)
+            if outer is not span:
+                call.spans.append(span)
+            calls[outer.span_id] = call
+    return sorted(calls.values(), key=lambda c: c.start)
+
+
+def _call_before(calls: list[_Call], time_ns: int) -> _Call:
+    """The last call that started at or before ``time_ns`` (the first call for earlier signals)."""
+    owner = calls[0]
+    for call in calls:
+        if call.start <= time_ns:
+            owner = call
+        else:
+            break
+    return owner
+
+
+def _call_for_tool(calls: list[_Call], tool: Span) -> _Call:
+    call_id = tool.attributes.get(semconv.GEN_AI_TOOL_CALL_ID)
+    if call_id:
+        for call in calls:
+            out = call.first(semconv.GEN_AI_OUTPUT_MESSAGES)
+            if isinstance(out, str) and str(call_id) in out:
+                return call
+    return _call_before(calls, tool.start_ns)
+
+
+def _first_json(call: _Call, key: str) -> Any:
+    for span in call.spans:
+        if span.attributes.get(key) is not None:
+            return _json_attr(span, key)
+    return None
+
+
+def _first_finish(call: _Call) -> Any:
+    reasons = call.first(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
+    if isinstance(reasons, list) and reasons:
+        return reasons[0]
+    return reasons
+
+
+def _agent_name(call: _Call, by_id: dict[str, Span]) -> str | None:
+    span: Span | None = call.outer
+    hops = 0
+    while span is not None and hops < 10_000:
+        name = span.attributes.get(semconv.GEN_AI_AGENT_NAME)
+        if isinstance(name, str) and name:
+            return name
+        span = by_id.get(span.parent_id) if span.parent_id else None
+        hops += 1
+    inner = call.first(semconv.GEN_AI_AGENT_NAME)
+    return inner if isinstance(inner, str) else None
+
+
+def _malformed(response: dict[str, Any], tools: Any) -> bool:
+    names = None
+    if isinstance(tools, list):
+        names = {((t.get("function") or {}).get("name") or t.get("name")) if isinstance(t, dict) else None
+                 for t in tools}
+        names.discard(None)
+    for call in response.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        if names and fn.get("name") not in names:
+            return True
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except (TypeError, ValueError):
+            return True
+        if not isinstance(args, dict):
+            return True
+    return False
