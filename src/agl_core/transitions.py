@@ -97,6 +97,21 @@ class _Call:
         self.outer = outer
         self.spans = [outer]
         self.rewards: list[float] = []
+        self._tool_call_ids: set[str] | None = None
+
+    def tool_call_ids(self) -> set[str]:
+        """Ids of the tool calls this request's response asked for."""
+        if self._tool_call_ids is None:
+            self._tool_call_ids = set()
+            try:
+                out = _first_json(self, semconv.GEN_AI_OUTPUT_MESSAGES) or []
+            except ValueError:
+                out = []
+            for message in out if isinstance(out, list) else []:
+                for part in message.get("parts") or [] if isinstance(message, dict) else []:
+                    if isinstance(part, dict) and part.get("type") == "tool_call" and part.get("id"):
+                        self._tool_call_ids.add(str(part["id"]))
+        return self._tool_call_ids
 
     @property
     def start(self) -> int:
@@ -295,8 +310,7 @@ def _call_for_tool(calls: list[_Call], tool: Span) -> _Call:
     call_id = tool.attributes.get(semconv.GEN_AI_TOOL_CALL_ID)
     if call_id:
         for call in calls:
-            out = call.first(semconv.GEN_AI_OUTPUT_MESSAGES)
-            if isinstance(out, str) and str(call_id) in out:
+            if call_id in call.tool_call_ids():
                 return call
     return _call_before(calls, tool.start_ns)
 

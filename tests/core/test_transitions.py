@@ -1,0 +1,206 @@
+"""Spans -> transitions, on span records as a store would hold them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from agl_core import credit, semconv
+from agl_core.errors import SchemaError
+from agl_core.messages import many_to_genai, to_genai
+from agl_core.schema import Rollout, Span
+from agl_core.transitions import AirRules, TransitionBuilder
+
+_ids = itertools.count(1)
+_clock = itertools.count(1000, 10)
+
+
+def span(name: str, parent: Span | None = None, status: str = "unset", **attrs: Any) -> Span:
+    start = next(_clock)
+    return Span(span_id=f"{next(_ids):016x}", trace_id="ab" * 16, name=name,
+                parent_id=parent.span_id if parent else None, start_ns=start, end_ns=start + 5,
+                attributes=attrs, status=status)  # type: ignore[arg-type]
+
+
+def agent(name: str, parent: Span | None = None) -> Span:
+    return span(semconv.agent_span_name(name), parent, **{semconv.GEN_AI_OPERATION_NAME: semconv.OP_INVOKE_AGENT,
+                                                          semconv.GEN_AI_AGENT_NAME: name})
+
+
+def llm(parent: Span | None, prompt: str, answer: Any, *, ids: bool = False, source: str = "response",
+        plugin: str = "openai", tools: list[dict[str, Any]] | None = None) -> Span:
+    out = answer if isinstance(answer, dict) else {"role": "assistant", "content": answer}
+    attrs: dict[str, Any] = {
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.GEN_AI_REQUEST_MODEL: "m",
+        semconv.GEN_AI_INPUT_MESSAGES: json.dumps(many_to_genai([{"role": "user", "content": prompt}])),
+        semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps([to_genai(out, finish_reason="stop")]),
+        semconv.AGL_PLUGIN: plugin,
+    }
+    if tools is not None:
+        attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = json.dumps(tools)
+    if ids:
+        attrs.update({semconv.AGL_PROMPT_TOKEN_IDS: [1, 2], semconv.AGL_RESPONSE_TOKEN_IDS: [3, 4],
+                      semconv.AGL_RESPONSE_LOGPROBS: [-0.1, -0.2], semconv.AGL_TOKEN_SOURCE: source})
+    return span("chat m", parent, **attrs)
+
+
+def tool(parent: Span | None, name: str, call_id: str | None = None, status: str = "unset", **attrs: Any) -> Span:
+    a = {semconv.GEN_AI_OPERATION_NAME: semconv.OP_EXECUTE_TOOL, semconv.GEN_AI_TOOL_NAME: name, **attrs}
+    if call_id:
+        a[semconv.GEN_AI_TOOL_CALL_ID] = call_id
+    return span(semconv.tool_span_name(name), parent, status, **a)
+
+
+def reward(value: float, name: str | None = None) -> Span:
+    attrs: dict[str, Any] = {semconv.AGL_SPAN_KIND: semconv.KIND_REWARD, semconv.AGL_REWARD_VALUE: value}
+    if name:
+        attrs[semconv.AGL_REWARD_NAME] = name
+    return span("agl.reward", None, **attrs)
+
+
+def rollout(*spans: Span) -> Rollout:
+    return Rollout(id="r1", task_id="t1", spans=list(spans), status="succeeded")
+
+
+def calc_call(call_id: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "calc", "arguments": '{"x":1}'}}]}
+
+
+def test_one_transition_per_call_in_order_with_messages_and_ids() -> None:
+    root = agent("solver")
+    a = llm(root, "2+2?", calc_call("c1"), ids=True)
+    t = tool(root, "calc", "c1")
+    b = llm(root, "result 4", "4")
+    traj = TransitionBuilder().build(rollout(root, a, t, b, reward(1.0)))
+    assert [x.index for x in traj.transitions] == [0, 1]
+    first, second = traj.transitions
+    assert first.prompt == [{"role": "user", "content": "2+2?"}]
+    assert first.response["tool_calls"][0]["function"] == {"name": "calc", "arguments": '{"x":1}'}
+    assert first.prompt_token_ids == [1, 2] and first.response_token_ids == [3, 4]
+    assert first.response_logprobs == [-0.1, -0.2] and first.token_source == "response"
+    assert second.response == {"role": "assistant", "content": "4"} and second.token_source is None
+    assert first.agent_name == "solver" and first.finish_reason == "stop" and first.span_id == a.span_id
+    assert traj.reward == 1.0 and [x.credited_reward for x in traj.transitions] == [1.0, 1.0]
+    assert traj.skipped == []
+
+
+def test_nested_llm_spans_merge_into_one_transition() -> None:
+    root = agent("writer")
+    outer = llm(root, "q", "a", plugin="langchain")  # e.g. ChatOpenAI
+    inner = llm(outer, "q", "a", ids=True, source="response", plugin="openai")  # the openai client call inside it
+    inner.attributes[semconv.GEN_AI_AGENT_NAME] = "not-this-one"
+    traj = TransitionBuilder().build(rollout(root, outer, inner))
+    assert len(traj.transitions) == 1
+    t = traj.transitions[0]
+    assert t.span_id == outer.span_id and t.agent_name == "writer"
+    assert t.response_token_ids == [3, 4]
+
+
+def test_best_token_source_wins() -> None:
+    outer = llm(None, "q", "a", ids=True, source="retokenized")
+    inner = llm(outer, "q", "a", ids=True, source="gateway")
+    inner.attributes[semconv.AGL_PROMPT_TOKEN_IDS] = [9]
+    (t,) = TransitionBuilder().build(rollout(outer, inner)).transitions
+    assert t.token_source == "gateway" and t.prompt_token_ids == [9]
+
+
+def test_agent_match_selects_by_full_name_and_reports_the_rest() -> None:
+    calls = []
+    spans: list[Span] = []
+    for name in ["writer", "checker", "rewriter"]:
+        a = agent(name)
+        c = llm(a, f"{name} prompt", f"{name} answer")
+        spans += [a, c]
+        calls.append(c)
+    b = TransitionBuilder(agent_match="writer|rewriter")
+    traj = b.build(rollout(*spans, reward(1.0)))
+    assert [t.agent_name for t in traj.transitions] == ["writer", "rewriter"]
+    assert [t.index for t in traj.transitions] == [0, 1]
+    assert [s.span_id for s in traj.skipped] == [calls[1].span_id]
+    assert "checker" in traj.skipped[0].reason
+    only = TransitionBuilder(agent_match="writer").build(rollout(*spans))
+    assert [t.agent_name for t in only.transitions] == ["writer"]  # "rewriter" is not a full match
+
+
+def test_failed_and_empty_calls_are_reported_not_dropped() -> None:
+    ok = llm(None, "q", "a")
+    failed = span("chat m", None, "error", **{semconv.GEN_AI_OPERATION_NAME: "chat",
+                                             semconv.ERROR_TYPE: "APIConnectionError"})
+    empty = span("chat m", None, **{semconv.GEN_AI_OPERATION_NAME: "chat"})
+    garbled = span("chat m", None, **{semconv.GEN_AI_OPERATION_NAME: "chat", semconv.GEN_AI_OUTPUT_MESSAGES: "{x"})
+    traj = TransitionBuilder().build(rollout(ok, failed, empty, garbled))
+    assert len(traj.transitions) == 1
+    reasons = {s.span_id: s.reason for s in traj.skipped}
+    assert "APIConnectionError" in reasons[failed.span_id]
+    assert "no response recorded" in reasons[empty.span_id]
+    assert "unreadable" in reasons[garbled.span_id]
+
+
+def test_intermediate_rewards_attach_to_the_call_they_follow_and_count() -> None:
+    a = llm(None, "q1", "a1")
+    r1 = reward(0.5, "tool_ok")
+    b = llm(None, "q2", "a2")
+    r2 = reward(0.25, "step")
+    r3 = reward(0.25, "step")
+    final = reward(1.0)
+    spans = [a, r1, b, r2, r3, final]
+    traj = TransitionBuilder().build(rollout(*spans))
+    assert [t.reward for t in traj.transitions] == [0.5, 0.5]
+    assert [t.credited_reward for t in traj.transitions] == [2.0, 2.0]  # the return counts them all
+    disc = TransitionBuilder(credit="discounted", gamma=0.5).build(rollout(*spans))
+    assert [t.credited_reward for t in disc.transitions] == [0.5 + 0.5 * 1.5, 1.5]
+
+
+def test_air_rules_turn_tool_outcomes_into_rewards_on_the_calling_llm() -> None:
+    a = llm(None, "q", calc_call("c1"))
+    b = llm(None, "q2", calc_call("c2"))
+    t_exc = tool(None, "calc", "c1", "error", **{semconv.ERROR_TYPE: "ZeroDivisionError"})
+    t_err = tool(None, "calc", "c2", **{semconv.AGL_TOOL_STATUS: "error"})
+    t_timeout = tool(None, "calc", None, "error", **{semconv.ERROR_TYPE: "TimeoutError"})
+    c = llm(None, "q3", "done")
+    air = AirRules(tool_exception=-1.0, tool_error=-0.5, tool_timeout=-0.25)
+    # the c1 tool span runs after b started: it still charges a, the call that asked for it
+    traj = TransitionBuilder(air=air).build(rollout(a, b, t_exc, t_err, t_timeout, c))
+    assert [t.reward for t in traj.transitions] == [-1.0, -0.75, None]
+    assert TransitionBuilder().build(rollout(a, b, t_exc, c)).transitions[0].reward is None  # rules are opt-in
+
+
+def test_malformed_tool_calls_are_penalised() -> None:
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {}}}]
+    bad_json = {"role": "assistant", "content": None,
+                "tool_calls": [{"id": "x", "type": "function", "function": {"name": "calc", "arguments": "{oops"}}]}
+    unknown = {"role": "assistant", "content": None,
+               "tool_calls": [{"id": "y", "type": "function", "function": {"name": "nope", "arguments": "{}"}}]}
+    spans = [llm(None, "a", bad_json, tools=tools), llm(None, "b", unknown, tools=tools),
+             llm(None, "c", calc_call("z"), tools=tools)]
+    traj = TransitionBuilder(air=AirRules(malformed_tool_call=-1.0)).build(rollout(*spans))
+    assert [t.reward for t in traj.transitions] == [-1.0, -1.0, None]
+
+
+def test_custom_air_rule_and_credit_function() -> None:
+    a = llm(None, "q", calc_call("c1"))
+    t = tool(None, "calc", "c1", **{semconv.AGL_TOOL_CACHE_HIT: True})
+    air = AirRules(custom=lambda s: 0.1 if s.attributes.get(semconv.AGL_TOOL_CACHE_HIT) else None)
+    builder = TransitionBuilder(air=air, credit=lambda rs, final: [42.0 for _ in rs])
+    (tr,) = builder.build(rollout(a, t)).transitions
+    assert tr.reward == 0.1 and tr.credited_reward == 42.0
+
+
+def test_no_rewards_means_no_credit() -> None:
+    traj = TransitionBuilder().build(rollout(llm(None, "q", "a")))
+    assert traj.reward is None and traj.transitions[0].credited_reward is None
+
+
+def test_builder_rejects_bad_settings_by_name() -> None:
+    with pytest.raises(SchemaError, match="agent_match"):
+        TransitionBuilder(agent_match="(")
+    with pytest.raises(SchemaError, match="credit"):
+        TransitionBuilder(credit="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(SchemaError, match="credit"):
+        credit.assign([1.0], None, lambda rs, f: [])
+    with pytest.raises(SchemaError, match="gamma"):
+        credit.assign([1.0], None, "discounted", gamma=2.0)
