@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "emit_object": "agl_core.rollout",
     "emit_exception": "agl_core.rollout",
     "current_rollout_id": "agl_core.rollout",
+    "tool_call": "agl_core.tools",
+    "ToolCall": "agl_core.tools",
     "TransitionBuilder": "agl_core.transitions",
     "AirRules": "agl_core.transitions",
     "Span": "agl_core.schema",
@@ -80,4 +82,5 @@ if TYPE_CHECKING:
     )
     from agl_core.schema import SCHEMA_VERSION, Reward, Rollout, Skipped, Span, Trajectory, Transition
     from agl_core.store.sqlite import SqliteStore
+    from agl_core.tools import ToolCall, tool_call
     from agl_core.transitions import AirRules, TransitionBuilder

@@ -251,3 +251,22 @@ def test_provider_set_after_instrument_is_picked_up() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_tool_call_spans_record_outcomes() -> None:
+    with agl.rollout("t-tools") as run:
+        with agl.tool_call("calc", call_id="c1", arguments={"x": 1}) as ok:
+            ok.result = 2
+        with agl.tool_call("calc", call_id="c2") as bad:
+            bad.error("division by zero")
+        with pytest.raises(ZeroDivisionError):
+            with agl.tool_call("calc", call_id="c3"):
+                1 / 0  # noqa: B018
+    tools = {s.attributes[semconv.GEN_AI_TOOL_CALL_ID]: s for s in run.rollout.spans
+             if semconv.GEN_AI_TOOL_CALL_ID in s.attributes}
+    assert tools["c1"].attributes[semconv.AGL_TOOL_STATUS] == "ok"
+    assert tools["c1"].attributes[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] == '{"x": 1}'
+    assert tools["c1"].attributes[semconv.GEN_AI_TOOL_CALL_RESULT] == "2"
+    assert tools["c2"].attributes[semconv.AGL_TOOL_STATUS] == "error" and tools["c2"].status == "error"
+    assert tools["c3"].attributes[semconv.AGL_TOOL_STATUS] == "exception"
+    assert tools["c3"].attributes[semconv.ERROR_TYPE] == "ZeroDivisionError"
