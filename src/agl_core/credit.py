@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal, Union
+from typing import Literal
 
 from agl_core.errors import SchemaError
 
-CreditFn = Callable[[Sequence[Union[float, None]], Union[float, None]], Sequence[Union[float, None]]]
-Credit = Union[Literal["final", "discounted"], CreditFn]
+CreditFn = Callable[[Sequence[float | None], float | None], Sequence[float | None]]
+Credit = Literal["final", "discounted"] | CreditFn
 
 
 def assign(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
 from opentelemetry.instrumentation.dependencies import get_dependency_conflicts
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from agl_core import collector
 

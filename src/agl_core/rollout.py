@@ -220,7 +220,8 @@ def _reward_from(result: Any) -> None:
     if result is None:
         return
     if isinstance(result, bool) or not isinstance(result, (int, float)):
-        raise SchemaError("rollout_fn return value", f"must be a reward (a number) or None, got {type(result).__name__}")
+        raise SchemaError("rollout_fn return value",
+                          f"must be a reward (a number) or None, got {type(result).__name__}")
     emit_reward(float(result))
 
 
@@ -250,7 +251,7 @@ def rollout_fn(
             task_id = kwargs.pop("task_id", None) or _task_id_of(task)
             run = rollout(task_id, task, store=kwargs.pop("store", store), builder=builder,
                           attempt=kwargs.pop("attempt", 1))
-            wrapper.last_run = run  # type: ignore[attr-defined]
+            wrapper.last_run = run
             return run
 
         if inspect.iscoroutinefunction(func):

@@ -178,7 +178,7 @@ class _Record:
             elif f.default is not MISSING:
                 value = f.default
             else:
-                value = f.default_factory()  # type: ignore[misc]
+                value = f.default_factory()  # type: ignore[operator]
             object.__setattr__(obj, f.name, value)
         obj._check_more(path)
         return obj

@@ -164,7 +164,8 @@ class TransitionBuilder:
         except re.error as exc:
             raise SchemaError("TransitionBuilder.agent_match", f"is not a valid regular expression: {exc}") from None
         if credit not in ("final", "discounted") and not callable(credit):
-            raise SchemaError("TransitionBuilder.credit", f"must be 'final', 'discounted' or a function, got {credit!r}")
+            raise SchemaError("TransitionBuilder.credit",
+                              f"must be 'final', 'discounted' or a function, got {credit!r}")
         self.air = air or AirRules()
         self.credit = credit
         self.gamma = gamma
@@ -174,7 +175,9 @@ class TransitionBuilder:
         return self.build_from_spans(rollout.spans, rollout_id=rollout.id, task_id=rollout.task_id,
                                      attempt=rollout.attempt)
 
-    def build_from_spans(self, spans: Iterable[Span], *, rollout_id: str, task_id: str, attempt: int = 1) -> Trajectory:
+    def build_from_spans(
+        self, spans: Iterable[Span], *, rollout_id: str, task_id: str, attempt: int = 1
+    ) -> Trajectory:
         spans = sorted(spans, key=lambda s: (s.start_ns, s.end_ns))
         by_id = {s.span_id: s for s in spans}
         calls = _group_calls(spans, by_id)
@@ -201,7 +204,7 @@ class TransitionBuilder:
         immediate = [sum(c.rewards) if c.rewards else None for c, _ in rows]
         credited = credit_mod.assign(immediate, final, self.credit, self.gamma)
         transitions: list[Transition] = []
-        for (call, t), r, cr in zip(rows, immediate, credited):
+        for (_, t), r, cr in zip(rows, immediate, credited, strict=True):
             if t is None:
                 continue
             t.index = len(transitions)

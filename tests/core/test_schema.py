@@ -30,8 +30,9 @@ text = st.text(max_size=20)
 ids = st.text(alphabet="0123456789abcdef", min_size=16, max_size=16)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 json_leaf = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | finite | text
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
-                          max_leaves=10)
+json_value = st.recursive(
+    json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=10
+)
 roles = st.sampled_from(["system", "user", "assistant", "tool"])
 message = st.fixed_dictionaries({"role": roles, "content": text})
 token_ids = st.lists(st.integers(0, 200_000), max_size=8)
