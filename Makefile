@@ -1,7 +1,11 @@
 # Two user-facing targets, both from a fresh clone:
 #   make demo   set up .venv if needed, then run the example agent under agl
-#   make test   set up or update .venv, then ruff, mypy --strict on agl_core, pytest
-# .venv is (re)installed only when pyproject.toml is newer than the install stamp.
+#   make test   set up or update the environments, then ruff, mypy --strict on agl_core, and every test suite
+#
+# Environments: .venv holds the whole repository editable with the core's test tools; each framework plugin
+# is tested in its own .venvs/<plugin>, with the framework versions a user of that framework would have
+# (tests/<plugin>/requirements.txt), because the frameworks' own pins conflict (crewai wants openai<3,
+# openai-agents wants openai>=3). An environment is reinstalled only when its inputs are newer than its stamp.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -18,7 +22,7 @@ export OMP_NUM_THREADS := 1
 # Hash randomisation stays on: tests must not depend on set or dict-of-str ordering.
 unexport PYTHONHASHSEED
 
-.PHONY: help demo test install clean
+.PHONY: help demo test test-core install clean
 
 help:
 	@echo "make demo   set up .venv and run examples/trace_openai_agent.py"
@@ -37,12 +41,31 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VPY) examples/trace_openai_agent.py
 
-test: $(STAMP)
+# Plugins with a test suite of their own: tests/<plugin>/requirements.txt marks one.
+PLUGIN_SUITES := $(patsubst tests/%/requirements.txt,%,$(wildcard tests/*/requirements.txt))
+
+# pytest's exit 5 (nothing collected) must fail loudly, never pass as green.
+define run_pytest
+	@rc=0; $(1) -m pytest -q $(2) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests in $(2) (exit 5)" >&2; fi; \
+	exit $$rc
+endef
+
+.venvs/%/.agl-installed: tests/%/requirements.txt pyproject.toml
+	$(PYTHON) -m venv .venvs/$*
+	.venvs/$*/bin/python -m pip install -q -e '.[dev]' -r tests/$*/requirements.txt
+	.venvs/$*/bin/python -m pip check
+	@touch $@
+
+test-core: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict src/agl_core
-	@rc=0; $(VPY) -m pytest -q || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit 5)" >&2; fi; \
-	exit $$rc
+	$(call run_pytest,$(VPY),tests/core)
+
+test-%: .venvs/%/.agl-installed
+	$(call run_pytest,.venvs/$*/bin/python,tests/$*)
+
+test: test-core $(addprefix test-,$(PLUGIN_SUITES))
 
 clean:
-	rm -rf $(VENV) build dist dists/*/dist
+	rm -rf $(VENV) .venvs build dist dists/*/dist
