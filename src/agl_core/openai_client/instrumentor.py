@@ -1,0 +1,389 @@
+"""The ``openai`` plugin: one ``chat {model}`` span per chat-completion call of the OpenAI Python client.
+
+Hook: the class methods ``Completions.create`` / ``AsyncCompletions.create`` (and
+``.parse``) in ``openai.resources.chat.completions``. Every client instance
+(``OpenAI``, ``AsyncOpenAI``, ``AzureOpenAI``, and the clients that frameworks
+build on them) looks these up on the class, so one patch covers them all, and
+sync, async and streaming calls alike:
+
+- ``create(stream=True)`` returns a ``Stream``/``AsyncStream``; we hand back a
+  ``wrapt.ObjectProxy`` of it (``isinstance`` still holds) that folds the chunks
+  and ends the span when the stream is exhausted, closed, leaves its ``with``
+  block, raises (recorded as an error), or is garbage collected unfinished.
+- ``client.chat.completions.stream(...)`` looks up ``resource.create`` at call
+  time and calls it with ``stream=True``, so it goes through the same hook. Its
+  ``ChatCompletionStream`` closes the HTTP response itself rather than our
+  stream, so the proxy's ``.response`` is a proxy too, whose ``close`` ends the span.
+- ``.parse(...)`` posts without going through ``create``, hence its own patch
+  (same wrapper).
+- ``with_raw_response.create`` (LiteLLM's path, so CrewAI's) binds ``create``
+  once per resource, the first time ``with_raw_response`` is touched: covered
+  when that happens after ``instrument()``. A non-streamed raw response is
+  parsed to read it (the SDK caches the parse, so the caller's ``parse()`` gets
+  the same object). A streamed raw response and ``with_streaming_response`` give
+  a span with the request side only: their body is the caller's, unread.
+
+Patching the resource rather than the HTTP layer (OpenInference wraps
+``OpenAI.request``) means the span sees typed parameters and typed responses,
+with no re-parsing of request bodies, and only chat calls pay anything. The span
+is current while the request runs, and its W3C ``traceparent`` is added to the
+request headers unless the caller set one, so agl's gateway can key its token-id
+record to this span.
+
+Not covered: ``client.completions`` (legacy text completions), the Responses
+API, raw ``client.post(...)`` calls, and openai 1.x's separate
+``client.beta.chat.completions.parse`` (gone from the 3.x line).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import wrapt
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from agl_core import collector, semconv
+from agl_core.guard import report
+from agl_core.openai_client import attributes
+from agl_core.plugin import Instrumentor
+
+_TRACEPARENT = "traceparent"
+
+if TYPE_CHECKING:
+    _Proxy = wrapt.ObjectProxy[Any]  # generic in wrapt 2's stubs; wrapt 1 cannot be subscripted at run time
+else:
+    _Proxy = wrapt.ObjectProxy
+
+
+def _with_traceparent(headers: Any, span: trace.Span) -> Any:
+    """``extra_headers`` with our ``traceparent`` added, unless the caller gave one; never mutates theirs."""
+    ctx = span.get_span_context()
+    if not ctx.is_valid:  # a no-op tracer's span: nothing for a gateway to join to
+        return headers
+    value = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{'01' if ctx.trace_flags & 1 else '00'}"  # the sampled bit
+    if not headers:
+        return {_TRACEPARENT: value}
+    if isinstance(headers, Mapping):
+        for key in headers:
+            if key.lower() == _TRACEPARENT:
+                return headers
+        return {**headers, _TRACEPARENT: value}
+    return headers
+
+
+class _Call:
+    """One in-flight call: its span and the context token that made it current."""
+
+    __slots__ = ("span", "token", "stream")
+
+    def __init__(self, span: trace.Span, token: object, stream: bool) -> None:
+        self.span = span
+        self.token = token
+        self.stream = stream
+
+    def detach(self) -> None:
+        try:
+            otel_context.detach(self.token)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001
+            report("openai.detach", exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """The call raised: record it on the span and end the span; the caller re-raises ``exc``."""
+        _end_with_error(self.span, exc)
+
+
+def _end_with_error(span: trace.Span, exc: BaseException) -> None:
+    try:
+        span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__)
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, str(exc)))
+        span.end()
+    except Exception as fault:  # noqa: BLE001
+        report("openai.error", fault)
+
+
+def _one_shot(value: Any) -> bool:
+    """An iterable that may not survive being read twice (a generator, an iterator, a view of unknown kind)."""
+    return hasattr(value, "__iter__") and not isinstance(value, (list, tuple, str, bytes, Mapping))
+
+
+def _start(resource: Any, kwargs: dict[str, Any]) -> _Call | None:
+    """Open the span for ``create(**kwargs)``; edits ``kwargs`` in place (headers, re-iterable messages)."""
+    span = None
+    try:
+        for key in ("messages", "tools"):
+            value = kwargs.get(key)
+            if type(value) is not list and value is not None and _one_shot(value):
+                kwargs[key] = list(value)  # we read it before openai does: it must not reach openai empty
+        client = resource._client
+        attrs = attributes.request_attributes(kwargs, getattr(client, "_base_url", None) or client.base_url)
+        span = collector.tracer().start_span(
+            semconv.chat_span_name(kwargs.get("model")), kind=SpanKind.CLIENT,
+            attributes=attributes.sampler_attributes(attrs),
+        )
+        attributes.set_on(span, attrs)
+        kwargs["extra_headers"] = _with_traceparent(kwargs.get("extra_headers"), span)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        return _Call(span, token, kwargs.get("stream") is True)
+    except Exception as exc:  # noqa: BLE001 - fail-open
+        report("openai.request", exc)
+        if span is not None:
+            span.end()
+        return None
+
+
+class _Types:
+    """The openai classes the wrappers tell apart, imported at attach time (never at module import)."""
+
+    def __init__(self) -> None:
+        from openai import AsyncStream, Stream
+        from openai._legacy_response import LegacyAPIResponse
+        from openai.types.chat import ChatCompletion
+
+        self.completion: type[Any] = ChatCompletion
+        self.stream: type[Any] = Stream
+        self.async_stream: type[Any] = AsyncStream
+        self.legacy_response: type[Any] = LegacyAPIResponse
+
+
+def _finish(call: _Call, result: Any, types: _Types) -> Any:
+    """Record the response on the span and end it, or hand back a stream proxy that will; never raises."""
+    span = call.span
+    try:
+        if isinstance(result, types.completion):
+            attributes.set_on(span, attributes.response_attributes(result))
+        elif isinstance(result, types.stream):
+            return SyncStreamProxy(result, span)
+        elif isinstance(result, types.async_stream):
+            return AsyncStreamProxy(result, span)
+        elif isinstance(result, types.legacy_response) and not call.stream:
+            parsed = result.parse()  # cached by the SDK: the caller's parse() returns this same object
+            if isinstance(parsed, types.completion):
+                attributes.set_on(span, attributes.response_attributes(parsed))
+    except Exception as exc:  # noqa: BLE001 - fail-open
+        report("openai.response", exc)
+    try:
+        span.end()
+    except Exception as exc:  # noqa: BLE001
+        report("openai.response", exc)
+    return result
+
+
+class _StreamSpan:
+    """The span of one streamed call and what its chunks said; ends exactly once."""
+
+    __slots__ = ("span", "acc", "done")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self.acc = attributes.StreamAccumulator()
+        self.done = False
+
+    def add(self, chunk: Any) -> None:
+        try:
+            self.acc.add(chunk)
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            report("openai.stream_chunk", exc)
+
+    def end(self, exc: BaseException | None = None) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            attributes.set_on(self.span, self.acc.attributes())
+        except Exception as fault:  # noqa: BLE001
+            report("openai.stream_end", fault)
+        if exc is not None:
+            _end_with_error(self.span, exc)
+            return
+        try:
+            self.span.end()
+        except Exception as fault:  # noqa: BLE001
+            report("openai.stream_end", fault)
+
+
+class _ResponseProxy(_Proxy):
+    """The stream's HTTP response: closing it (as ``chat.completions.stream()`` does) ends the span."""
+
+    def __init__(self, wrapped: Any, state: _StreamSpan) -> None:
+        super().__init__(wrapped)
+        self._self_state = state
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_state.end()
+
+    async def aclose(self) -> None:
+        try:
+            await self.__wrapped__.aclose()
+        finally:
+            self._self_state.end()
+
+
+class SyncStreamProxy(_Proxy):
+    """A ``Stream[ChatCompletionChunk]`` that records its chunks on the call's span."""
+
+    def __init__(self, wrapped: Any, span: trace.Span) -> None:
+        super().__init__(wrapped)
+        self._self_state = _StreamSpan(span)
+
+    def __iter__(self) -> SyncStreamProxy:
+        return self  # Stream.__iter__ drains the same underlying iterator as __next__
+
+    def __next__(self) -> Any:
+        state = self._self_state
+        try:
+            chunk = self.__wrapped__.__next__()
+        except StopIteration:
+            state.end()
+            raise
+        except BaseException as exc:
+            state.end(exc)
+            raise
+        state.add(chunk)
+        return chunk
+
+    def __enter__(self) -> SyncStreamProxy:
+        self.__wrapped__.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        try:
+            return self.__wrapped__.__exit__(*exc_info)
+        finally:
+            self._self_state.end()
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_state.end()
+
+    @property
+    def response(self) -> Any:
+        return _ResponseProxy(self.__wrapped__.response, self._self_state)
+
+    def __del__(self) -> None:
+        state = getattr(self, "_self_state", None)
+        if state is not None:
+            state.end()  # dropped unfinished: end with what arrived rather than leak the span
+
+
+class AsyncStreamProxy(_Proxy):
+    """An ``AsyncStream[ChatCompletionChunk]`` that records its chunks on the call's span."""
+
+    def __init__(self, wrapped: Any, span: trace.Span) -> None:
+        super().__init__(wrapped)
+        self._self_state = _StreamSpan(span)
+
+    def __aiter__(self) -> AsyncStreamProxy:
+        return self
+
+    async def __anext__(self) -> Any:
+        state = self._self_state
+        try:
+            chunk = await self.__wrapped__.__anext__()
+        except StopAsyncIteration:
+            state.end()
+            raise
+        except BaseException as exc:
+            state.end(exc)
+            raise
+        state.add(chunk)
+        return chunk
+
+    async def __aenter__(self) -> AsyncStreamProxy:
+        await self.__wrapped__.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        try:
+            return await self.__wrapped__.__aexit__(*exc_info)
+        finally:
+            self._self_state.end()
+
+    async def close(self) -> None:
+        try:
+            await self.__wrapped__.close()
+        finally:
+            self._self_state.end()
+
+    async def aclose(self) -> None:
+        await self.close()
+
+    @property
+    def response(self) -> Any:
+        return _ResponseProxy(self.__wrapped__.response, self._self_state)
+
+    def __del__(self) -> None:
+        state = getattr(self, "_self_state", None)
+        if state is not None:
+            state.end()
+
+
+class OpenAIInstrumentor(Instrumentor):
+    """Spans for ``openai`` chat completions: sync, async, streamed and parsed."""
+
+    name: ClassVar[str] = "openai"
+    framework: ClassVar[str] = "openai"
+    requirements: ClassVar[tuple[str, ...]] = ("openai >= 1.40",)
+
+    _active = False
+
+    def _attach(self) -> None:
+        from openai.resources.chat.completions import AsyncCompletions, Completions
+
+        types = _Types()
+        for method in ("create", "parse"):
+            if hasattr(Completions, method):
+                self.patch(Completions, method, functools.partial(self._sync_wrapper, types=types))
+            if hasattr(AsyncCompletions, method):
+                self.patch(AsyncCompletions, method, functools.partial(self._async_wrapper, types=types))
+        self._active = True
+
+    def _detach(self) -> None:
+        self._active = False  # helpers that bound our wrapper (with_raw_response) now pass straight through
+
+    def _sync_wrapper(self, original: Callable[..., Any], types: _Types) -> Callable[..., Any]:
+        plugin = self
+
+        @functools.wraps(original)
+        def create(resource: Any, *args: Any, **kwargs: Any) -> Any:
+            call = _start(resource, kwargs) if plugin._active else None
+            if call is None:
+                return original(resource, *args, **kwargs)
+            try:
+                result = original(resource, *args, **kwargs)
+            except BaseException as exc:
+                call.detach()
+                call.fail(exc)
+                raise
+            call.detach()
+            return _finish(call, result, types)
+
+        return create
+
+    def _async_wrapper(self, original: Callable[..., Any], types: _Types) -> Callable[..., Any]:
+        plugin = self
+
+        @functools.wraps(original)
+        async def create(resource: Any, *args: Any, **kwargs: Any) -> Any:
+            call = _start(resource, kwargs) if plugin._active else None
+            if call is None:
+                return await original(resource, *args, **kwargs)
+            try:
+                result = await original(resource, *args, **kwargs)
+            except BaseException as exc:
+                call.detach()
+                call.fail(exc)
+                raise
+            call.detach()
+            return _finish(call, result, types)
+
+        return create
