@@ -25,14 +25,14 @@ _EXPORTS: dict[str, str] = {
     "instrument": "agl_core.instrumentation",
     "uninstrument": "agl_core.instrumentation",
     "Instrumented": "agl_core.instrumentation",
-    "rollout": "agl_core.rollout",
-    "rollout_fn": "agl_core.rollout",
-    "RolloutRun": "agl_core.rollout",
-    "emit_reward": "agl_core.rollout",
-    "emit_message": "agl_core.rollout",
-    "emit_object": "agl_core.rollout",
-    "emit_exception": "agl_core.rollout",
-    "current_rollout_id": "agl_core.rollout",
+    "rollout": "agl_core.rollouts",
+    "rollout_fn": "agl_core.rollouts",
+    "RolloutRun": "agl_core.rollouts",
+    "emit_reward": "agl_core.rollouts",
+    "emit_message": "agl_core.rollouts",
+    "emit_object": "agl_core.rollouts",
+    "emit_exception": "agl_core.rollouts",
+    "current_rollout_id": "agl_core.rollouts",
     "tool_call": "agl_core.tools",
     "ToolCall": "agl_core.tools",
     "TransitionBuilder": "agl_core.transitions",
@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "Skipped": "agl_core.schema",
     "SCHEMA_VERSION": "agl_core.schema",
     "SqliteStore": "agl_core.store.sqlite",
+    "HttpStore": "agl_core.store.http",
     "AglError": "agl_core.errors",
     "SchemaError": "agl_core.errors",
     "StoreError": "agl_core.errors",
@@ -70,7 +71,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from agl_core.errors import AglError, PluginError, SchemaError, StoreError
     from agl_core.instrumentation import Instrumented, instrument, uninstrument
-    from agl_core.rollout import (
+    from agl_core.rollouts import (
         RolloutRun,
         current_rollout_id,
         emit_exception,
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
         rollout_fn,
     )
     from agl_core.schema import SCHEMA_VERSION, Reward, Rollout, Skipped, Span, Trajectory, Transition
+    from agl_core.store.http import HttpStore
     from agl_core.store.sqlite import SqliteStore
     from agl_core.tools import ToolCall, tool_call
     from agl_core.transitions import AirRules, TransitionBuilder

@@ -1,18 +1,21 @@
-"""The span collector: which TracerProvider agl writes to, and which rollout a span belongs to.
+"""The span collector: which tracer agl writes to, and which rollout a span belongs to.
 
 Provider rule: when the user has set an OpenTelemetry SDK ``TracerProvider`` as
-the global one, agl adds its span processor to it and creates its spans there,
-so the user's exporters see them; agl never sets or replaces the global
-provider. Without one, agl keeps a private SDK provider of its own. The global
-provider is re-checked each time a tracer is asked for (an identity check), so
-a provider the user sets after ``instrument()`` is picked up.
+the global one (or passed one to ``instrument``), agl adds its span processor to
+it and creates its spans there, so the user's exporters see them; agl never
+sets or replaces the global provider. Without one, nobody but agl reads the
+spans, so agl records them with its own minimal tracer (``agl_core.tracer``),
+which skips the SDK's per-span machinery. The global provider is re-checked
+each time a tracer is asked for (an identity check), so a provider the user
+sets after ``instrument()`` is picked up.
 
-Attribution: the current rollout lives in a ``ContextVar``. The processor's
-``on_start`` runs in the context that creates the span, so it stamps
-``agl.rollout.id`` on every span started inside a rollout, across asyncio tasks
-and context-copying executors, including spans of other instrumentations on the
-same provider. ``on_end`` hands the finished span to that rollout's buffer. Spans
-started outside any rollout are never held, so nothing grows without bound.
+Attribution: the current rollout lives in a ``ContextVar``. A span started
+inside a rollout is stamped with ``agl.rollout.id`` (the processor's
+``on_start`` runs in the context that creates the span, so this holds across
+asyncio tasks and context-copying executors, and for spans of other
+instrumentations on the same provider); when it ends, it goes to that rollout's
+buffer. Spans started outside any rollout are never held, so nothing grows
+without bound.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from agl_core.schema import Span
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.trace import Span as SdkSpan
     from opentelemetry.trace import Tracer
 
@@ -63,7 +66,7 @@ def close_buffer(buffer: RolloutBuffer) -> list[ReadableSpan]:
     return buffer.spans
 
 
-def _count_late(rollout_id: str) -> None:
+def count_late(rollout_id: str) -> None:
     global late_spans
     late_spans += 1
     if late_spans == 1:
@@ -92,7 +95,7 @@ def _make_processor() -> Any:
                 return
             buffer = _open.get(str(rollout_id))
             if buffer is None:
-                _count_late(str(rollout_id))
+                count_late(str(rollout_id))
                 return
             buffer.spans.append(span)
 
@@ -112,7 +115,6 @@ class _Telemetry:
         self.lock = threading.Lock()
         self.processor: Any = None
         self.attached: list[Any] = []  # providers our processor is on (kept alive: few, long-lived)
-        self.private: TracerProvider | None = None
         self.explicit: Any = None
         self.seen_global: Any = object()
         self.tracer: Tracer | None = None
@@ -138,11 +140,12 @@ def _refresh(global_provider: Any) -> Tracer:
         if provider is None and isinstance(global_provider, TracerProvider):
             provider = global_provider
         if provider is None:
-            if _t.private is None:
-                _t.private = TracerProvider()
-            provider = _t.private
-        _attach(provider)
-        _t.tracer = provider.get_tracer(semconv.TRACER_NAME)
+            from agl_core.tracer import LightTracer
+
+            _t.tracer = LightTracer()
+        else:
+            _attach(provider)
+            _t.tracer = provider.get_tracer(semconv.TRACER_NAME)
         _t.provider = provider
         _t.seen_global = global_provider
         return _t.tracer
@@ -157,6 +160,13 @@ def install(tracer_provider: Any = None) -> None:
     _refresh(trace.get_tracer_provider())
 
 
+def use_provider(tracer_provider: Any) -> None:
+    """Send agl's spans to ``tracer_provider`` (an SDK provider); None goes back to the provider rule above."""
+    with _t.lock:
+        _t.explicit = tracer_provider
+        _t.tracer = None
+
+
 def tracer() -> Tracer:
     """agl's tracer on the provider chosen by the rule above; cheap enough for every call."""
     from opentelemetry import trace
@@ -169,7 +179,7 @@ def tracer() -> Tracer:
 
 
 def provider() -> Any:
-    """The provider agl's spans go to now (installing agl on first use)."""
+    """The SDK provider agl's spans go to now, or None when agl's own tracer records them."""
     tracer()
     return _t.provider
 
@@ -177,11 +187,18 @@ def provider() -> Any:
 # --------------------------------------------------------------------------- to records
 
 
+def _finite(value: Any) -> Any:
+    return value if math.isfinite(value) else str(value)  # keep the fact without breaking JSON
+
+
 def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # keep the fact without breaking JSON
+    """An attribute value as JSON: sequences (token ids: thousands long) as lists, non-finite floats as text."""
+    if isinstance(value, (tuple, list)):
+        if value and type(value[0]) is float:  # OTel sequences are homogeneous
+            return [_finite(v) if type(v) is float else v for v in value]
+        return list(value)
+    if type(value) is float:
+        return _finite(value)
     return value
 
 
@@ -195,7 +212,8 @@ def to_record(span: ReadableSpan, rollout_id: str | None = None) -> Span:
         {"name": e.name, "time_ns": e.timestamp, "attributes": {k: _plain(v) for k, v in (e.attributes or {}).items()}}
         for e in span.events
     ]
-    return Span(
+    # trusted: OpenTelemetry attribute values are scalars or sequences of them, and _plain made them JSON-safe
+    return Span.trusted(
         span_id=format(ctx.span_id, "016x") if ctx else "",
         trace_id=format(ctx.trace_id, "032x") if ctx else "",
         name=span.name,
@@ -203,7 +221,7 @@ def to_record(span: ReadableSpan, rollout_id: str | None = None) -> Span:
         start_ns=span.start_time or 0,
         end_ns=span.end_time or span.start_time or 0,
         attributes=attrs,
-        status=status.status_code.name.lower(),  # type: ignore[arg-type]
+        status=status.status_code.name.lower(),
         status_message=status.description,
         events=events,
         rollout_id=rollout_id if rollout_id is not None else attrs.get(semconv.AGL_ROLLOUT_ID),

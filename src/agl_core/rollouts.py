@@ -128,7 +128,7 @@ class RolloutRun:
     def _save(self) -> None:
         assert self.store is not None
         try:
-            self.store.put_rollout(self.rollout, self.trajectory())
+            self.store.put_rollout(self.rollout, self.trajectory(), validate=False)  # built and checked just now
         except Exception as exc:  # noqa: BLE001 - the agent's result must not depend on the store
             self.store_error = exc
             report("rollout store write", exc)

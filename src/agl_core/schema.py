@@ -19,6 +19,7 @@ import json
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
@@ -46,9 +47,12 @@ _R = TypeVar("_R", bound="_Record")
 
 def _check_json(value: Any, path: str, depth: int = 0) -> Any:
     """Return ``value`` as plain JSON (tuples become lists) or raise naming ``path``."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # the common case first: it is hot
+        return value
     if depth > MAX_DEPTH:
         raise SchemaError(path, f"nested deeper than {MAX_DEPTH} levels")
-    if value is None or isinstance(value, (str, bool, int)):
+    if isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -70,59 +74,112 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _check(value: Any, hint: Any, path: str) -> Any:
-    """Check ``value`` against the type ``hint`` of a field; return the normalised value."""
+Checker = Callable[[Any, str], Any]
+
+
+def _all_plain(values: list[Any] | tuple[Any, ...], item: Any) -> bool:
+    """True when every item is exactly of the scalar type ``item`` (finite, for floats): no per-item checks needed."""
+    if item is float:
+        return all(type(v) is float for v in values) and math.isfinite(sum(values))  # nan/inf propagate into the sum
+    return all(type(v) is item for v in values)
+
+
+def _check_bool(value: Any, path: str) -> Any:
+    if not isinstance(value, bool):
+        raise SchemaError(path, f"must be true or false, got {_type_name(value)}")
+    return value
+
+
+def _check_int(value: Any, path: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SchemaError(path, f"must be an integer, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _check_float(value: Any, path: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SchemaError(path, f"must be a number, got {_type_name(value)} {value!r}")
+    if not math.isfinite(value):
+        raise SchemaError(path, f"must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_str(value: Any, path: str) -> Any:
+    if not isinstance(value, str):
+        raise SchemaError(path, f"must be a string, got {_type_name(value)}")
+    return value
+
+
+def _check_object(value: Any, path: str) -> Any:
+    if not isinstance(value, dict):
+        raise SchemaError(path, f"must be an object, got {_type_name(value)}")
+    return _check_json(value, path)
+
+
+_SCALAR_CHECKERS: dict[Any, Checker] = {bool: _check_bool, int: _check_int, float: _check_float, str: _check_str}
+
+
+def _compile(hint: Any) -> Checker:
+    """A function that checks a value against the field type ``hint`` and returns it normalised.
+
+    Built once per field (validation runs for every record on hot paths, so the
+    type is not re-inspected per value).
+    """
     if hint is Any:
-        return _check_json(value, path)
-    origin = typing.get_origin(hint)
+        return _check_json
+    if hint in _SCALAR_CHECKERS:
+        return _SCALAR_CHECKERS[hint]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise SchemaError(path, "is required and may not be null")
         inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            return _check(value, inner[0], path)
-        raise TypeError(f"unsupported union in schema: {hint}")  # pragma: no cover - schema bug
+        if len(inner) != 1:
+            raise TypeError(f"unsupported union in schema: {hint}")  # pragma: no cover - schema bug
+        check_inner, nullable = _compile(inner[0]), type(None) in args
+
+        def check_optional(value: Any, path: str) -> Any:
+            if value is None:
+                if nullable:
+                    return None
+                raise SchemaError(path, "is required and may not be null")
+            return check_inner(value, path)
+
+        return check_optional
     if origin is Literal:
-        allowed = typing.get_args(hint)
-        if value not in allowed:
-            raise SchemaError(path, f"must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-        return value
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise SchemaError(path, f"must be a list, got {_type_name(value)}")
-        (item,) = typing.get_args(hint)
-        return [_check(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise SchemaError(path, f"must be an object, got {_type_name(value)}")
-        return _check_json(value, path)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise SchemaError(path, f"must be true or false, got {_type_name(value)}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SchemaError(path, f"must be an integer, got {_type_name(value)} {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SchemaError(path, f"must be a number, got {_type_name(value)} {value!r}")
-        if not math.isfinite(value):
-            raise SchemaError(path, f"must be a finite number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise SchemaError(path, f"must be a string, got {_type_name(value)}")
-        return value
-    if isinstance(hint, type) and issubclass(hint, _Record):
-        if isinstance(value, hint):
+        allowed = frozenset(args)
+        listed = ", ".join(map(repr, args))
+
+        def check_literal(value: Any, path: str) -> Any:
+            if not isinstance(value, (str, int)) or value not in allowed:
+                raise SchemaError(path, f"must be one of {listed}, got {value!r}")
             return value
-        if isinstance(value, dict):
-            return hint._from_dict(value, path)
-        raise SchemaError(path, f"must be a {hint.__name__} object, got {_type_name(value)}")
+
+        return check_literal
+    if origin is list:
+        (item,) = args
+        check_item = _compile(item)
+        plain = item in (int, float, str)
+
+        def check_list(value: Any, path: str) -> Any:
+            if not isinstance(value, (list, tuple)):
+                raise SchemaError(path, f"must be a list, got {_type_name(value)}")
+            if plain and _all_plain(value, item):
+                return value if type(value) is list else list(value)
+            return [check_item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+
+        return check_list
+    if origin is dict:
+        return _check_object
+    if isinstance(hint, type) and issubclass(hint, _Record):
+        record: type[_Record] = hint
+
+        def check_record(value: Any, path: str) -> Any:
+            if isinstance(value, record):
+                return value
+            if isinstance(value, dict):
+                return record._from_dict(value, path)
+            raise SchemaError(path, f"must be a {record.__name__} object, got {_type_name(value)}")
+
+        return check_record
     raise TypeError(f"unsupported type in schema: {hint}")  # pragma: no cover - schema bug
 
 
@@ -137,38 +194,58 @@ def _check_message(value: Any, path: str) -> None:
 class _Record:
     """Shared validation and JSON (de)serialisation for the dataclasses below."""
 
-    __hints: ClassVar[dict[type, dict[str, Any]]] = {}
+    __checkers: ClassVar[dict[type, dict[str, Checker]]] = {}
 
     @classmethod
     def _hints(cls) -> dict[str, Any]:
-        hints = _Record.__hints.get(cls)
-        if hints is None:
-            hints = typing.get_type_hints(cls, globalns=globals())
-            hints = {f.name: hints[f.name] for f in fields(cls)}  # type: ignore[arg-type]
-            _Record.__hints[cls] = hints
-        return hints
+        """The type of each field, in field order."""
+        hints = typing.get_type_hints(cls, globalns=globals())
+        return {f.name: hints[f.name] for f in fields(cls)}  # type: ignore[arg-type]
+
+    @classmethod
+    def _checkers(cls) -> dict[str, Checker]:
+        checkers = _Record.__checkers.get(cls)
+        if checkers is None:
+            checkers = {name: _compile(hint) for name, hint in cls._hints().items()}
+            _Record.__checkers[cls] = checkers
+        return checkers
 
     def __post_init__(self) -> None:
         self._validate(type(self).__name__)
 
     def _validate(self, path: str) -> None:
-        for name, hint in self._hints().items():
-            object.__setattr__(self, name, _check(getattr(self, name), hint, f"{path}.{name}"))
+        for name, check in self._checkers().items():
+            object.__setattr__(self, name, check(getattr(self, name), f"{path}.{name}"))
         self._check_more(path)
 
     def _check_more(self, path: str) -> None:
         """Cross-field rules of a record, beyond the types of its fields."""
 
+    def validate(self, path: str | None = None) -> None:
+        """Check the record and the records it holds again (fields may have changed since they were built).
+
+        Errors name the field from ``path`` on (``rollout.spans[0].attributes.x``).
+        """
+        path = path or type(self).__name__
+        self._validate(path)
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, _Record):
+                value.validate(f"{path}.{f.name}")
+            elif isinstance(value, list) and value and isinstance(value[0], _Record):
+                for i, item in enumerate(value):
+                    item.validate(f"{path}.{f.name}[{i}]")
+
     @classmethod
     def _from_dict(cls: type[_R], data: dict[str, Any], path: str) -> _R:
-        hints = cls._hints()
-        unknown = sorted(set(data) - set(hints))
+        checkers = cls._checkers()
+        unknown = sorted(set(data) - set(checkers))
         if unknown:
             raise SchemaError(f"{path}.{unknown[0]}", f"is not a field of {cls.__name__}")
         kwargs: dict[str, Any] = {}
         for f in fields(cls):  # type: ignore[arg-type]
             if f.name in data:
-                kwargs[f.name] = _check(data[f.name], hints[f.name], f"{path}.{f.name}")
+                kwargs[f.name] = checkers[f.name](data[f.name], f"{path}.{f.name}")
             elif f.default is MISSING and f.default_factory is MISSING:
                 raise SchemaError(f"{path}.{f.name}", "is required")
         obj = cls.__new__(cls)
@@ -181,6 +258,20 @@ class _Record:
                 value = f.default_factory()  # type: ignore[operator]
             object.__setattr__(obj, f.name, value)
         obj._check_more(path)
+        return obj
+
+    @classmethod
+    def trusted(cls: type[_R], **values: Any) -> _R:
+        """Build without validation, from values agl itself produced and knows to be clean (hot paths only)."""
+        obj = cls.__new__(cls)
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.name in values:
+                value = values[f.name]
+            elif f.default is not MISSING:
+                value = f.default
+            else:
+                value = f.default_factory()  # type: ignore[operator]
+            object.__setattr__(obj, f.name, value)
         return obj
 
     @classmethod

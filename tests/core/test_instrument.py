@@ -161,3 +161,18 @@ def test_import_is_thin() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_public_names_survive_submodule_imports() -> None:
+    """Importing a submodule must never shadow a public function of the same name on the package."""
+    import importlib
+    import pkgutil
+
+    import agl_core
+
+    for info in pkgutil.walk_packages(agl_core.__path__, "agl_core."):
+        if not info.name.startswith(("agl_core.openai_client", "agl_core.testing")):
+            importlib.import_module(info.name)
+    for name in agl_core.__all__:
+        value = getattr(agl_core, name)
+        assert not isinstance(value, type(agl_core)), f"agl_core.{name} is a module"

@@ -39,8 +39,11 @@ class Store(Protocol):
     ``start_ns``, transitions by rollout and then by their order in the trajectory.
     """
 
-    def put_rollout(self, rollout: Rollout, trajectory: Trajectory | None = None) -> None:
-        """Insert or replace ``rollout`` with its spans, and its transitions when ``trajectory`` is given."""
+    def put_rollout(self, rollout: Rollout, trajectory: Trajectory | None = None, *, validate: bool = True) -> None:
+        """Insert or replace ``rollout`` with its spans, and its transitions when ``trajectory`` is given.
+
+        ``validate=False`` skips re-checking records that agl has just built and validated itself.
+        """
         ...
 
     def add_spans(self, rollout_id: str, spans: Sequence[Span]) -> None:

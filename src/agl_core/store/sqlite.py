@@ -355,20 +355,20 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ writes
 
-    def put_rollout(self, rollout: Rollout, trajectory: Trajectory | None = None) -> None:
+    def put_rollout(self, rollout: Rollout, trajectory: Trajectory | None = None, *, validate: bool = True) -> None:
         """Insert or replace ``rollout`` and its spans, and its transitions when ``trajectory`` is given.
 
         All in one transaction: on any error the rollout, spans and transitions
         stored before stay as they were. Without ``trajectory`` the transitions
         stored earlier for this rollout are kept.
         """
-        clean = _validated(rollout, Rollout, "rollout")
+        clean = _validated(rollout, Rollout, "rollout", validate)
         row = _rollout_row(clean)
         span_rows = [_span_row(clean.id, span) for span in clean.spans]
         transition_rows: list[tuple[str, int, int, str]] = []
         skipped_json: str | None = None
         if trajectory is not None:
-            traj = _validated(trajectory, Trajectory, "trajectory")
+            traj = _validated(trajectory, Trajectory, "trajectory", validate)
             _check_belongs(traj, clean)
             transition_rows = [(clean.id, pos, t.index, t.to_json()) for pos, t in enumerate(traj.transitions)]
             skipped_json = _dumps([s.to_dict() for s in traj.skipped])
@@ -562,14 +562,13 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def _validated(value: Any, cls: type[_R], name: str) -> _R:
-    """A fresh, re-validated copy: a record's fields may have been changed since it was built."""
+def _validated(value: Any, cls: type[_R], name: str, validate: bool = True) -> _R:
+    """``value`` checked again, in place: a record's fields may have been changed since it was built."""
     if not isinstance(value, cls):
         raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
-    try:
-        return cls.from_dict(value.to_dict())
-    except SchemaError as exc:
-        raise SchemaError(name + exc.field[len(cls.__name__) :], exc.problem) from None
+    if validate:
+        value.validate(name)
+    return value
 
 
 def _check_id(value: Any, name: str) -> None:

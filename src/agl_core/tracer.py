@@ -1,0 +1,172 @@
+"""agl's own minimal tracer, used when the user has no OpenTelemetry SDK provider.
+
+A span made by the OpenTelemetry SDK costs tens of microseconds: attribute
+validation, locks, span limits, the processor chain. When nobody but agl will
+ever read the spans (no SDK ``TracerProvider`` is set), that work buys nothing,
+so agl records spans with this tracer instead: it implements the OpenTelemetry
+*API* (``Tracer``, ``Span``), so context propagation, ``use_span``,
+``get_current_span`` and other instrumentations' parent lookups work as usual,
+and it hands each finished span straight to the rollout it belongs to. Outside
+a rollout a span is dropped when it ends; nothing is kept.
+
+As soon as the user sets an SDK provider, the collector switches to it and
+spans go through the SDK and the user's exporters (see ``collector``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import Attributes, AttributeValue
+
+from agl_core import semconv
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+    from agl_core.collector import RolloutBuffer
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
+_bits = random.getrandbits
+
+
+class Event(NamedTuple):
+    name: str
+    timestamp: int
+    attributes: Mapping[str, Any]
+
+
+class LightSpan(trace.Span):
+    """A recording span with the fields ``collector.to_record`` reads (as the SDK's ``ReadableSpan`` has)."""
+
+    __slots__ = ("name", "context", "parent", "kind", "attributes", "events", "status", "start_time", "end_time",
+                 "_buffer")
+
+    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
+                 attributes: dict[str, Any], buffer: RolloutBuffer | None, start_time: int) -> None:
+        self.name = name
+        self.context = context
+        self.parent = parent
+        self.kind = kind
+        self.attributes = attributes
+        self.events: list[Event] = []
+        self.status = _UNSET
+        self.start_time = start_time
+        self.end_time: int | None = None
+        self._buffer = buffer
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return self.end_time is None
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        if self.end_time is None:
+            self.attributes.update(attributes)
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        if self.end_time is None:
+            self.attributes[key] = value
+
+    def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
+        if self.end_time is None:
+            self.events.append(Event(name, timestamp or time.time_ns(), dict(attributes or {})))
+
+    def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
+        return None  # links are not part of agl's records
+
+    def update_name(self, name: str) -> None:
+        if self.end_time is None:
+            self.name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self.end_time is not None:
+            return
+        if isinstance(status, StatusCode):
+            status = Status(status, description)
+        if self.status.status_code is not StatusCode.OK:  # OK is final, as in the SDK
+            self.status = status
+
+    def record_exception(self, exception: BaseException, attributes: Attributes = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        attrs: dict[str, Any] = {
+            "exception.type": type(exception).__qualname__,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(exception)),
+            "exception.escaped": str(escaped),
+        }
+        attrs.update(attributes or {})
+        self.add_event("exception", attrs, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self.end_time is not None:
+            return
+        self.end_time = end_time or time.time_ns()
+        buffer = self._buffer
+        if buffer is not None:
+            self._buffer = None
+            if buffer.closed:
+                from agl_core.collector import count_late
+
+                count_late(buffer.rollout_id)
+            else:
+                buffer.spans.append(self)  # type: ignore[arg-type]
+
+
+class LightTracer(trace.Tracer):
+    """Makes :class:`LightSpan` s attributed to the current rollout."""
+
+    def start_span(
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> LightSpan:
+        from agl_core.collector import current_rollout
+
+        parent = trace.get_current_span(context).get_span_context()
+        if parent.is_valid:
+            ctx = SpanContext(parent.trace_id, _bits(64) or 1, False, _SAMPLED)
+        else:
+            parent = None  # type: ignore[assignment]
+            ctx = SpanContext(_bits(128) or 1, _bits(64) or 1, False, _SAMPLED)
+        attrs = dict(attributes) if attributes else {}
+        buffer = current_rollout.get()
+        if buffer is not None:
+            if buffer.closed:
+                buffer = None
+            else:
+                attrs[semconv.AGL_ROLLOUT_ID] = buffer.rollout_id
+        return LightSpan(name, ctx, parent, kind, attrs, buffer, start_time or time.time_ns())
+
+    @contextmanager  # the API types this with its own private decorator, hence the ignore
+    def start_as_current_span(  # type: ignore[override]
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> Iterator[trace.Span]:
+        span = self.start_span(name, context, kind, attributes, links, start_time)
+        with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
+                            set_status_on_exception=set_status_on_exception) as current:
+            yield current
