@@ -117,6 +117,7 @@ class _Telemetry:
         self.attached: list[Any] = []  # providers our processor is on (kept alive: few, long-lived)
         self.explicit: Any = None
         self.seen_global: Any = object()
+        self.seen_raw: Any = object()  # the API's global-provider slot when the tracer was chosen
         self.tracer: Tracer | None = None
         self.provider: Any = None
 
@@ -167,14 +168,23 @@ def use_provider(tracer_provider: Any) -> None:
         _t.tracer = None
 
 
+_UNSET = object()
+
+
 def tracer() -> Tracer:
-    """agl's tracer on the provider chosen by the rule above; cheap enough for every call."""
+    """agl's tracer on the provider chosen by the rule above; cheap enough for every call.
+
+    ``trace.get_tracer_provider()`` reads ``os.environ`` on every call while no provider is set,
+    so the hot path compares the API's global slot by identity and asks the API only on a change.
+    """
     from opentelemetry import trace
 
-    g = trace.get_tracer_provider()
+    raw = getattr(trace, "_TRACER_PROVIDER", _UNSET)
     t = _t.tracer
-    if t is None or g is not _t.seen_global:
-        return _refresh(g)
+    if t is not None and raw is not _UNSET and raw is _t.seen_raw:
+        return t
+    t = _refresh(trace.get_tracer_provider())
+    _t.seen_raw = raw
     return t
 
 
