@@ -264,7 +264,7 @@ def _median_us(fn: Callable[[], Any], calls: int, repeats: int = 15) -> float:
     return statistics.median(runs)
 
 
-def _hooks_alone(calls: int) -> None:
+def _hooks_alone(calls: int) -> dict[str, float]:
     """Each instrumentation around a call that returns a canned response at once: no HTTP, no server.
 
     OpenInference wraps ``OpenAI.request`` and agl wraps ``Completions.create``; each hook is
@@ -319,6 +319,7 @@ def _hooks_alone(calls: int) -> None:
         return completion
 
     modes = [Agl(sdk=False), Agl(sdk=True)]
+    costs: dict[str, float] = {}
     times: dict[str, list[float]] = {"none": [], "openinference": [], "none_create": []}
     for mode in modes:
         times[mode.name] = []
@@ -341,6 +342,19 @@ def _hooks_alone(calls: int) -> None:
         span_cost = statistics.median(times[mode.name + " span"]) - base
         print(f"  {mode.name:<8} {ours:6.1f}   {mode.name} / openinference = {ours / oi:.2f}"
               f"   (of which the bare span: start, make current, end: {span_cost:.1f})")
+        costs[mode.name] = ours
+    costs["openinference"] = oi
+    return costs
+
+
+def _with_store(variants: Sequence[Variant], hooks: dict[str, float]) -> None:
+    """agl's whole cost per call: its hook plus its share of closing the rollout with the SQLite write."""
+    oi = hooks["openinference"]
+    print("\nper call including the store write (hook + rollout close with transitions + SQLite), µs:")
+    for v in variants:
+        if isinstance(v, Agl) and v.store_us:
+            total = hooks[v.name] + statistics.median(v.store_us)
+            print(f"  {v.name:<8} {total:6.1f}   / openinference's hook {oi:.1f} = {total / oi:.2f}  (target <= 0.50)")
 
 
 def _profile(client: openai.OpenAI, agl: Agl, calls: int) -> None:
@@ -370,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not args.no_async:
             _report("async", asyncio.run(_interleave_async(variants, args.rounds, srv.url, args.calls)))
         _rollout_end_cost(variants)
-        _hooks_alone(args.calls)
+        _with_store(variants, _hooks_alone(args.calls))
         if args.profile:
             _profile(client, agl, args.calls)
 
