@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "Skipped": "agl_core.schema",
     "SCHEMA_VERSION": "agl_core.schema",
     "SqliteStore": "agl_core.store.sqlite",
+    "HttpStore": "agl_core.store.http",
     "AglError": "agl_core.errors",
     "SchemaError": "agl_core.errors",
     "StoreError": "agl_core.errors",
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
         rollout_fn,
     )
     from agl_core.schema import SCHEMA_VERSION, Reward, Rollout, Skipped, Span, Trajectory, Transition
+    from agl_core.store.http import HttpStore
     from agl_core.store.sqlite import SqliteStore
     from agl_core.tools import ToolCall, tool_call
     from agl_core.transitions import AirRules, TransitionBuilder

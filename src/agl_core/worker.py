@@ -1,0 +1,556 @@
+"""``agl worker``: lease tasks from an agl server, run the agent on each, post the rollouts.
+
+    agl worker --server http://127.0.0.1:8000 --agent my_pkg.agent:solve -n 4
+
+Each of ``-n`` slots leases a task, runs the user's agent (an
+``@agl.rollout_fn`` function ``def solve(task) -> reward | None``, sync or
+async; a plain function is wrapped in one) as attempt ``n`` of that task, and
+the rollout context posts the rollout to the server (:class:`HttpStore`) with
+the lease, which finishes the task. A heartbeat thread keeps the slots' leases
+alive while agents run; a worker that dies stops heartbeating, and the server
+gives its tasks to another worker as the next attempt.
+
+The agent talks to the model through the server's gateway with no change to its
+code: before the agent's module is imported, ``OPENAI_BASE_URL`` is set to the
+server's ``/v1`` and ``OPENAI_API_KEY`` to the server's token (the environment
+variables every OpenAI client reads), and ``agl.instrument()`` is on, so each
+call carries the ``traceparent`` that joins the gateway's token ids to it.
+
+Shutdown: the first SIGTERM (or SIGINT) stops leasing; rollouts in flight get
+``grace_s`` seconds to finish and be posted, and those still running then are
+released back to the queue (not counted as a try) before the process exits. A
+second signal releases them at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib
+import inspect
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import typing
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import FrameType, TracebackType
+from typing import Any
+
+from agl_core.errors import AglError
+from agl_core.schema import Rollout, Trajectory
+from agl_core.store.http import HttpStore, ServerClient, ServerError
+
+__all__ = ["Lease", "TaskClient", "Worker", "WorkerStats", "load_agent", "main"]
+
+logger = logging.getLogger("agl.worker")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A task the server handed to this worker, as attempt ``attempt``, until ``deadline`` (epoch seconds)."""
+
+    lease_id: str
+    task_id: str
+    attempt: int
+    group_id: str
+    task: Any
+    deadline: float
+    lease_timeout: float
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Lease:
+        return cls(lease_id=str(data["lease_id"]), task_id=str(data["task_id"]), attempt=int(data["attempt"]),
+                   group_id=str(data["group_id"]), task=data.get("task"), deadline=float(data["deadline"]),
+                   lease_timeout=float(data["lease_timeout"]))
+
+
+class TaskClient:
+    """The task queue of the agl server at ``url``: enqueue, lease, heartbeat, release, look up."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 60.0, retry_s: float = 30.0) -> None:
+        self.client = ServerClient(url, token, timeout=timeout, retry_s=retry_s)
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+    def enqueue(self, tasks: Sequence[Any], *, repeat: int = 1, group_id: str | None = None,
+                max_attempts: int | None = None, task_ids: Sequence[str] | None = None) -> list[str]:
+        """Queue each task payload ``repeat`` times; return the task ids (see the server for how ids are made)."""
+        if task_ids is not None and len(task_ids) != len(tasks):
+            raise ValueError(f"task_ids has {len(task_ids)} ids for {len(tasks)} tasks")
+        items = [{"task": t} if task_ids is None else {"task": t, "task_id": task_ids[i]}
+                 for i, t in enumerate(tasks)]
+        body: dict[str, Any] = {"tasks": items, "repeat": repeat}
+        if group_id is not None:
+            body["group_id"] = group_id
+        if max_attempts is not None:
+            body["max_attempts"] = max_attempts
+        _, data = self.client.request("POST", "/v1/tasks", body)
+        return [str(i) for i in data["task_ids"]]
+
+    def lease(self, worker_id: str, *, wait_s: float = 0.0, lease_timeout: float | None = None) -> Lease | None:
+        """The next task for ``worker_id``, waiting up to ``wait_s`` seconds for one; None when none came."""
+        body: dict[str, Any] = {"worker_id": worker_id, "wait_s": wait_s}
+        if lease_timeout is not None:
+            body["lease_timeout"] = lease_timeout
+        status, data = self.client.request("POST", "/v1/tasks/lease", body, timeout=self.client.timeout + wait_s)
+        if status == 204 or not data:
+            return None
+        return Lease.from_dict(data)
+
+    def heartbeat(self, lease_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Keep these leases alive; return (alive, lost) ids."""
+        _, data = self.client.request("POST", "/v1/leases/heartbeat", {"lease_ids": list(lease_ids)}, retry=False)
+        return list(data["alive"]), list(data["lost"])
+
+    def release(self, lease_id: str, reason: str) -> bool:
+        """Give a lease back; False when it was no longer current (finished, or already moved on)."""
+        try:
+            self.client.request("POST", f"/v1/leases/{lease_id}/release", {"reason": reason})
+        except ServerError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        """A task's state and the history of its attempts."""
+        from urllib.parse import quote
+
+        _, data = self.client.request("GET", f"/v1/tasks/{quote(task_id, safe='')}")
+        return typing.cast(dict[str, Any], data)
+
+    def counts(self) -> dict[str, int]:
+        """How many tasks are queued, leased, done and failed."""
+        _, data = self.client.request("GET", "/v1/queue")
+        return {str(k): int(v) for k, v in data.items()}
+
+    def wait(self, *, timeout: float, poll_s: float = 0.1) -> dict[str, int]:
+        """Block until no task is queued or leased (or ``timeout`` passes); return the counts."""
+        deadline = time.monotonic() + timeout
+        while True:
+            counts = self.counts()
+            if counts.get("queued", 0) == 0 and counts.get("leased", 0) == 0:
+                return counts
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tasks still pending after {timeout:g} s: {counts}")
+            time.sleep(poll_s)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _LeaseStore:
+    """What one rollout writes to: the server's store, posting with this lease; remembers how it went.
+
+    The rollout context only ever calls ``put_rollout`` on its store, so that is all this offers.
+    """
+
+    def __init__(self, store: HttpStore, lease: Lease) -> None:
+        self.store = store
+        self.lease = lease
+        self.summary: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+
+    def put_rollout(self, rollout: Rollout, trajectory: Trajectory | None = None, *, validate: bool = True) -> None:
+        try:
+            self.summary = self.store.post_rollout(rollout, lease_id=self.lease.lease_id)
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did: tasks leased, rollouts posted, agents that raised, leases released or lost."""
+
+    leased: int = 0
+    posted: int = 0
+    agent_errors: int = 0
+    post_errors: int = 0
+    released: int = 0
+    lost: int = 0
+    transitions: int = 0
+    token_sources: dict[str, int] = field(default_factory=dict)
+
+
+def load_agent(spec: str) -> Callable[..., Any]:
+    """``"pkg.module:function"`` (or ``pkg.module:obj.attr``) as the object it names."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--agent must look like pkg.module:function, got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r} for --agent {spec}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"{module_name!r} has no {attr!r} (--agent {spec})") from None
+    if not callable(obj):
+        raise ValueError(f"--agent {spec} is a {type(obj).__name__}, not a function")
+    return typing.cast(Callable[..., Any], obj)
+
+
+def point_openai_at(server_url: str, token: str | None) -> None:
+    """Make every OpenAI client created from now on talk to the server's gateway."""
+    os.environ["OPENAI_BASE_URL"] = server_url.rstrip("/") + "/v1"
+    os.environ["OPENAI_API_KEY"] = token or "agl-no-token"
+
+
+class Worker:
+    """Leases tasks from the server at ``server`` and runs ``agent`` on each, ``concurrency`` at a time.
+
+    ``agent`` is a function or a ``"pkg.module:function"`` string (imported after the OpenAI
+    environment points at the gateway). ``max_tasks`` stops after that many leases;
+    ``idle_exit_s`` stops once no task has come for that long.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        agent: Callable[..., Any] | str,
+        *,
+        token: str | None = None,
+        concurrency: int = 1,
+        worker_id: str | None = None,
+        lease_timeout: float | None = None,
+        heartbeat_s: float | None = None,
+        grace_s: float = 30.0,
+        max_tasks: int | None = None,
+        idle_exit_s: float | None = None,
+        poll_s: float = 5.0,
+        set_openai_env: bool = True,
+        instrument: bool = True,
+    ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+        self.tasks = TaskClient(server, token)
+        self.store = HttpStore(server, token)
+        self.url = self.tasks.url
+        if set_openai_env:
+            point_openai_at(self.url, token)
+        if instrument:
+            from agl_core.instrumentation import instrument as instrument_all
+
+            instrument_all()
+        fn = load_agent(agent) if isinstance(agent, str) else agent
+        if not hasattr(fn, "last_run"):  # not an @agl.rollout_fn yet
+            from agl_core.rollouts import rollout_fn
+
+            fn = rollout_fn(fn)
+        self.agent = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.concurrency = concurrency
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.lease_timeout = lease_timeout
+        self.heartbeat_s = heartbeat_s
+        self.grace_s = grace_s
+        self.max_tasks = max_tasks
+        self.idle_exit_s = idle_exit_s
+        self.poll_s = poll_s
+        self.stats = WorkerStats()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Lease] = {}
+        self._stopping = threading.Event()
+        self._hurry = threading.Event()
+        self._leases_given = 0
+        self._last_work = time.monotonic()
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self, *, now: bool = False) -> None:
+        """Lease nothing more; with ``now``, release the rollouts in flight instead of waiting for them."""
+        self._stopping.set()
+        if now:
+            self._hurry.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._stopping.is_set():
+            logger.warning("agl worker: second signal: releasing the rollouts in flight now")
+            self._hurry.set()
+        else:
+            logger.warning("agl worker: signal %d: finishing the rollouts in flight (up to %g s), leasing no more",
+                           signum, self.grace_s)
+            self._stopping.set()
+
+    def run(self) -> WorkerStats:
+        """Work until stopped (signal, :meth:`stop`, ``max_tasks`` or ``idle_exit_s``); return the stats."""
+        restore: list[tuple[signal.Signals, Any]] = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                restore.append((sig, signal.signal(sig, self._on_signal)))
+        slots = [threading.Thread(target=self._slot, name=f"agl-worker-{i}", daemon=True)
+                 for i in range(self.concurrency)]
+        beat = threading.Thread(target=self._heartbeats, name="agl-worker-heartbeat", daemon=True)
+        try:
+            for t in slots:
+                t.start()
+            beat.start()
+            while any(t.is_alive() for t in slots):
+                if self._stopping.is_set():
+                    self._drain(slots)
+                    break
+                for t in slots:
+                    t.join(timeout=0.1)
+        finally:
+            for sig, handler in restore:
+                signal.signal(sig, handler)
+            self._stopping.set()
+        return self.stats
+
+    def _drain(self, slots: list[threading.Thread]) -> None:
+        """Wait up to the grace period for rollouts in flight, then give back the leases still held."""
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and not self._hurry.is_set():
+            with self._lock:
+                if not self._inflight:
+                    break
+            for t in slots:
+                t.join(timeout=0.05)
+        with self._lock:
+            left = list(self._inflight.values())
+        for lease in left:
+            try:
+                if self.tasks.release(lease.lease_id, f"worker {self.worker_id} shut down before the rollout "
+                                                      f"finished"):
+                    with self._lock:
+                        self.stats.released += 1
+            except AglError as exc:
+                logger.warning("agl worker: could not release lease of task %s: %s", lease.task_id, exc)
+
+    # ------------------------------------------------------------------ slots
+
+    def _take(self) -> bool:
+        with self._lock:
+            if self.max_tasks is not None and self._leases_given >= self.max_tasks:
+                return False
+            self._leases_given += 1
+            return True
+
+    def _slot(self) -> None:
+        while not self._stopping.is_set():
+            if not self._take():
+                return
+            try:
+                lease = self.tasks.lease(self.worker_id, wait_s=self.poll_s, lease_timeout=self.lease_timeout)
+            except AglError as exc:
+                with self._lock:
+                    self._leases_given -= 1
+                logger.warning("agl worker: leasing failed (%s); retrying", exc)
+                self._stopping.wait(1.0)
+                continue
+            if lease is None:
+                with self._lock:
+                    self._leases_given -= 1
+                if self.idle_exit_s is not None and time.monotonic() - self._last_work > self.idle_exit_s:
+                    self._stopping.set()
+                continue
+            if self._stopping.is_set():
+                self.tasks.release(lease.lease_id, f"worker {self.worker_id} is shutting down")
+                return
+            with self._lock:
+                self._inflight[lease.lease_id] = lease
+                self.stats.leased += 1
+            try:
+                self._run_one(lease)
+            finally:
+                with self._lock:
+                    self._inflight.pop(lease.lease_id, None)
+                self._last_work = time.monotonic()
+
+    def _run_one(self, lease: Lease) -> None:
+        store = _LeaseStore(self.store, lease)
+        kwargs = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
+        try:
+            if self.is_async:
+                asyncio.run(self.agent(lease.task, **kwargs))
+            else:
+                self.agent(lease.task, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the agent's failure is its rollout's status, already posted
+            with self._lock:
+                self.stats.agent_errors += 1
+            logger.info("agl worker: task %s attempt %d: the agent raised %s: %s", lease.task_id, lease.attempt,
+                        type(exc).__name__, exc)
+        if store.summary is not None:
+            with self._lock:
+                self.stats.posted += 1
+                self.stats.transitions += int(store.summary.get("transitions", 0))
+                for source, n in (store.summary.get("token_sources") or {}).items():
+                    self.stats.token_sources[source] = self.stats.token_sources.get(source, 0) + int(n)
+            return
+        with self._lock:
+            self.stats.post_errors += 1
+        reason = f"the rollout could not be posted: {store.error}" if store.error else "no rollout was posted"
+        if isinstance(store.error, ServerError) and store.error.status == 409:
+            with self._lock:
+                self.stats.lost += 1
+            logger.warning("agl worker: task %s attempt %d: %s", lease.task_id, lease.attempt, store.error.message)
+            return
+        logger.warning("agl worker: task %s attempt %d: %s; releasing it", lease.task_id, lease.attempt, reason)
+        try:
+            self.tasks.release(lease.lease_id, reason)
+        except AglError as exc:
+            logger.warning("agl worker: could not release task %s: %s", lease.task_id, exc)
+
+    def _heartbeats(self) -> None:
+        while True:
+            with self._lock:
+                leases = list(self._inflight.values())
+            if leases:
+                try:
+                    _, lost = self.tasks.heartbeat([lease.lease_id for lease in leases])
+                    for lease_id in lost:
+                        logger.warning("agl worker: lease %s was lost (it expired on the server)", lease_id)
+                except AglError as exc:
+                    logger.warning("agl worker: heartbeat failed: %s", exc)
+            elif self._stopping.is_set():
+                return
+            period = self.heartbeat_s or (min(lease.lease_timeout for lease in leases) / 3 if leases else 0.5)
+            if self._hurry.wait(period):
+                return
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop(now=True)
+        self.tasks.close()
+        self.store.close()
+
+
+# ---------------------------------------------------------------------- Ray
+
+
+class _RayWorker:
+    """One :class:`Worker` inside a Ray actor (made a remote class by :func:`run_on_ray`)."""
+
+    def __init__(self, server: str, agent: str, token: str | None, options: dict[str, Any]) -> None:
+        self.worker = Worker(server, agent, token=token, **options)
+
+    def run(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.worker.run())
+
+    def stop(self, now: bool = False) -> None:
+        self.worker.stop(now=now)
+
+
+def run_on_ray(
+    address: str,
+    server: str,
+    agent: str,
+    *,
+    actors: int,
+    token: str | None = None,
+    actor_cpus: float = 1.0,
+    runtime_env: dict[str, Any] | None = None,
+    ray_init: dict[str, Any] | None = None,
+    **options: Any,
+) -> WorkerStats:
+    """Run ``actors`` workers as Ray actors on the cluster at ``address`` ("local": start one here).
+
+    Each actor is a :class:`Worker` (``options`` are its keyword arguments: ``concurrency``,
+    ``max_tasks``, ``idle_exit_s``, ...) that imports ``agent`` itself, so the agent's module must
+    be importable on the cluster (``runtime_env`` can ship it). Ray places and restarts the
+    processes; the server's leases do the rest: a task whose actor dies is retried as the next
+    attempt. SIGTERM or Ctrl-C stops every actor gracefully. Returns the actors' stats, summed.
+    """
+    ray: Any = importlib.import_module("ray")
+    if not ray.is_initialized():
+        ray.init(address=None if address == "local" else address, runtime_env=runtime_env,
+                 **(ray_init or {}))
+    remote = ray.remote(num_cpus=actor_cpus, max_concurrency=2)(_RayWorker)  # 2: stop() while run() runs
+    name = options.pop("worker_id", None)
+    handles = [remote.remote(server, agent, token, {**options, "worker_id": f"{name}-{i}" if name else None})
+               for i in range(actors)]
+    pending = [h.run.remote() for h in handles]
+    stopping: list[bool] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        now = bool(stopping)
+        stopping.append(True)
+        for handle in handles:
+            handle.stop.remote(now)
+
+    restore = []
+    if threading.current_thread() is threading.main_thread():
+        restore = [(sig, signal.signal(sig, on_signal)) for sig in (signal.SIGTERM, signal.SIGINT)]
+    total = WorkerStats()
+    try:
+        while pending:  # ray.wait with a timeout, so a signal handler gets to run
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            for ref in done:
+                stats = ray.get(ref)
+                for name, value in stats.items():
+                    if name == "token_sources":
+                        for source, n in value.items():
+                            total.token_sources[source] = total.token_sources.get(source, 0) + n
+                    else:
+                        setattr(total, name, getattr(total, name) + value)
+    finally:
+        for sig, handler in restore:
+            signal.signal(sig, handler)
+    return total
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agl worker", description="Lease tasks from an agl server and run an agent "
+                                "on each, with the server's gateway as the agent's OpenAI endpoint.")
+    p.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--agent", required=True, help="the agent function, as pkg.module:function")
+    p.add_argument("-n", "--concurrency", type=int, default=1, help="rollouts at a time")
+    p.add_argument("--token", default=os.environ.get("AGL_TOKEN"), help="the server's bearer token ($AGL_TOKEN)")
+    p.add_argument("--worker-id", help="name for this worker in the server's records")
+    p.add_argument("--lease-timeout", type=float, help="seconds a lease lasts without a heartbeat")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight rollouts get on SIGTERM")
+    p.add_argument("--max-tasks", type=int, help="stop after this many tasks")
+    p.add_argument("--idle-exit", type=float, help="stop once no task has come for this many seconds")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds one lease request waits for a task")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the workers as Ray actors on this cluster "
+                   "(an address as ray.init takes it; 'local' starts one here): -n actors of one slot each")
+    p.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs Ray reserves per actor (with --ray)")
+    p.add_argument("--no-gateway-env", action="store_true",
+                   help="leave OPENAI_BASE_URL and OPENAI_API_KEY as they are")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.ray:
+        options = {"worker_id": args.worker_id, "lease_timeout": args.lease_timeout, "grace_s": args.grace,
+                   "max_tasks": args.max_tasks, "idle_exit_s": args.idle_exit, "poll_s": args.poll,
+                   "set_openai_env": not args.no_gateway_env}
+        stats = run_on_ray(args.ray, args.server, args.agent, actors=args.concurrency, token=args.token,
+                           actor_cpus=args.actor_cpus, **options)
+        print(f"agl worker: done on Ray: {stats}", flush=True)
+        return 0
+    try:
+        worker = Worker(args.server, args.agent, token=args.token, concurrency=args.concurrency,
+                        worker_id=args.worker_id, lease_timeout=args.lease_timeout, grace_s=args.grace,
+                        max_tasks=args.max_tasks, idle_exit_s=args.idle_exit, poll_s=args.poll,
+                        set_openai_env=not args.no_gateway_env)
+    except ValueError as exc:
+        print(f"agl worker: {exc}", file=sys.stderr)
+        return 2
+    print(f"agl worker: {worker.worker_id} working for {worker.url} with {args.concurrency} slot(s)", flush=True)
+    stats = worker.run()
+    print(f"agl worker: done: {stats}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,535 @@
+"""The OpenAI-compatible gateway in front of the model being trained, recording exact token ids per call.
+
+Routes: ``POST /v1/chat/completions`` (plain and streamed), ``POST /v1/completions``
+(plain and streamed), ``GET /v1/models``. Behind it sits a :class:`Backend`: an
+OpenAI-compatible server that returns token ids the way vLLM does
+(:class:`OpenAIBackend`: ``vllm serve``, verl's async servers, agl's fake), or
+the built-in torch engine (:mod:`agl_trainer.engine`).
+
+Per call the gateway asks the backend for ``return_token_ids`` and
+``logprobs``, and records the prompt token ids, the response token ids and
+their logprobs under the request's W3C ``traceparent`` (see
+:mod:`agl_trainer.token_records`), before the reply (or the stream's last
+event) leaves. Streaming keeps the ids: they are read chunk by chunk.
+
+**The rule for the agent's ``model`` and sampling fields**
+
+- ``model``: the gateway serves one policy, the model being trained. With
+  ``model_rule="override"`` (the default) the agent's ``model`` is replaced by
+  the served model's name, whatever the agent asked for, and the reply names
+  the served model, so spans and transitions say which model answered. With
+  ``"passthrough"`` the agent's ``model`` goes to the backend unchanged (a
+  backend serving several models, or LoRA adapters by name).
+- Sampling fields (``temperature``, ``top_p``, ``max_tokens``, ``seed``,
+  ``stop``, ``n``, ...): the agent's values are honoured, since they are part of
+  the agent's behaviour; ``sampling_defaults`` fill in what the agent left out;
+  ``sampling_overrides`` replace what the agent said (say ``{"temperature":
+  1.0}`` so the recorded logprobs are those of the policy being trained).
+- ``return_token_ids`` and ``logprobs`` are always asked of the backend; the
+  agent's reply carries token ids and logprobs only when the agent asked for
+  them itself, so the agent sees the reply it would get from the backend.
+- With ``n > 1`` only the first choice is recorded: one request is one transition.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from agl_core.schema import ROLES
+from agl_trainer.api import DEFAULT_MAX_BODY_BYTES, ApiError, error_body, read_json, read_object
+from agl_trainer.token_records import TokenRecord, TokenRecords, parse_traceparent
+from agl_trainer.upstream import Upstream
+
+__all__ = ["Backend", "BackendError", "BackendReply", "Chunks", "Gateway", "GatewayConfig", "OpenAIBackend"]
+
+logger = logging.getLogger("agl.trainer")
+
+Endpoint = Literal["chat/completions", "completions"]
+Chunks = AsyncGenerator[dict[str, Any], None]
+"""A streamed reply: the JSON payloads of its ``data:`` events, before ``[DONE]``."""
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+# --------------------------------------------------------------------------- backends
+
+
+@dataclass
+class BackendReply:
+    """A backend's whole answer: its status and its JSON body (or its text, when it was not JSON)."""
+
+    status: int
+    data: Any = None
+    text: str = ""
+
+
+class BackendError(Exception):
+    """The backend failed: unreachable, timed out, or broke off a stream. ``status`` is what the agent gets."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Backend(Protocol):
+    """What answers the gateway's calls; replies carry token ids the way vLLM's do."""
+
+    async def complete(self, endpoint: Endpoint, body: dict[str, Any]) -> BackendReply:
+        """One non-streamed call; raises :class:`BackendError` when there is no answer at all."""
+        ...
+
+    async def stream(self, endpoint: Endpoint, body: dict[str, Any]) -> BackendReply | Chunks:
+        """A streamed call: its chunks (the ``data:`` payloads before ``[DONE]``), or the error reply."""
+        ...
+
+    async def models(self) -> list[str]:
+        """The names of the models the backend serves."""
+        ...
+
+    async def update_weights(self, weights: str | None, version: int) -> None:
+        """New weights were published (``weights`` names where they are); swap them in, or do nothing."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class OpenAIBackend:
+    """An OpenAI-compatible server at ``base_url`` (ending in ``/v1``), such as ``vllm serve``.
+
+    Calls go over :class:`~agl_trainer.upstream.Upstream`'s keep-alive connections. The server's
+    weights are its own business (verl syncs vLLM's weights itself), so :meth:`update_weights`
+    only lets the gateway note the version.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout_s: float = 600.0,
+                 max_connections: int = 512) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._upstream = Upstream(self.base_url, headers, timeout_s=timeout_s, max_idle=max_connections)
+
+    def _fail(self, exc: BaseException) -> BackendError:
+        if isinstance(exc, TimeoutError):
+            return BackendError(504, f"the model backend at {self.base_url} did not answer within "
+                                     f"{self.timeout_s:g} s")
+        return BackendError(502, f"the model backend at {self.base_url} could not be reached: "
+                                 f"{type(exc).__name__}: {exc}")
+
+    async def complete(self, endpoint: Endpoint, body: dict[str, Any]) -> BackendReply:
+        try:
+            status, raw = await self._upstream.request("POST", f"/{endpoint}", _dumps(body).encode())
+        except (OSError, ValueError) as exc:
+            raise self._fail(exc) from exc
+        return _reply(status, raw)
+
+    async def stream(self, endpoint: Endpoint, body: dict[str, Any]) -> BackendReply | Chunks:
+        try:
+            response, pieces = await self._upstream.open("POST", f"/{endpoint}", _dumps(body).encode())
+            if response.status != 200:
+                raw = b"".join([piece async for piece in pieces])
+                return _reply(response.status, raw)
+        except (OSError, ValueError) as exc:
+            raise self._fail(exc) from exc
+        return self._chunks(pieces)
+
+    async def _chunks(self, pieces: AsyncGenerator[bytes, None]) -> Chunks:
+        pending = b""
+        try:
+            async for data in pieces:
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators, comments, event: lines
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        async for _ in pieces:  # read to the end, so the connection can be reused
+                            pass
+                        return
+                    yield _event(payload)
+            raise BackendError(502, "the model backend's stream ended without [DONE]")
+        except (OSError, ValueError) as exc:
+            raise self._fail(exc) from exc
+        finally:
+            await pieces.aclose()
+
+    async def models(self) -> list[str]:
+        try:
+            reply = _reply(*(await self._upstream.request("GET", "/models")))
+        except (OSError, ValueError) as exc:
+            raise self._fail(exc) from exc
+        data = reply.data.get("data") if isinstance(reply.data, dict) else None
+        if reply.status != 200 or not isinstance(data, list):
+            raise BackendError(502, f"the model backend's /models answered {reply.status}: {reply.text[:200]}")
+        return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+
+    async def update_weights(self, weights: str | None, version: int) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        await self._upstream.aclose()
+
+
+def _event(payload: bytes) -> dict[str, Any]:
+    """One SSE ``data:`` payload of a stream, or the error it reports."""
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        raise BackendError(502, f"the model backend sent a stream event that is not JSON: {payload[:200]!r}") from None
+    if not isinstance(chunk, dict):
+        raise BackendError(502, f"the model backend sent a stream event that is not an object: {payload[:200]!r}")
+    if "error" in chunk and "choices" not in chunk:
+        error = chunk["error"]
+        message = error.get("message") if isinstance(error, dict) else error
+        raise BackendError(502, f"the model backend failed mid-stream: {message}")
+    return chunk
+
+
+def _reply(status: int, raw: bytes) -> BackendReply:
+    try:
+        return BackendReply(status, json.loads(raw), "")
+    except ValueError:
+        return BackendReply(status, None, raw.decode("utf-8", "replace"))
+
+
+# --------------------------------------------------------------------------- the rule
+
+
+@dataclass
+class GatewayConfig:
+    """How the gateway treats the agent's requests; see the module docstring for the rule."""
+
+    served_model: str | None = None
+    """The name the policy is served under; None: the backend's first model."""
+    model_rule: Literal["override", "passthrough"] = "override"
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    ask_token_ids: bool = True
+    """Ask the backend for ``return_token_ids`` (vLLM >= 0.10.2, the torch engine); off for others."""
+
+    def __post_init__(self) -> None:
+        if self.model_rule not in ("override", "passthrough"):
+            raise ValueError(f"model_rule must be 'override' or 'passthrough', got {self.model_rule!r}")
+        for name in ("sampling_defaults", "sampling_overrides"):
+            for key in getattr(self, name):
+                if key in _NOT_SAMPLING:
+                    raise ValueError(f"{name} may not set {key!r}: it is not a sampling field")
+
+
+def wants_logprobs(value: Any) -> bool:
+    """Whether a request's ``logprobs`` asks for any: ``true``, or a count (text completions; 0 included)."""
+    return value is not None and value is not False
+
+
+_NOT_SAMPLING = frozenset({"messages", "prompt", "model", "stream", "tools", "tool_choice", "return_token_ids"})
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_type(body: Mapping[str, Any], name: str, kinds: tuple[type, ...], what: str) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise ApiError(400, f"'{name}' must be {what}, got {json.dumps(value)[:80]}", name)
+
+
+def _check_common(body: Mapping[str, Any]) -> None:
+    _check_type(body, "model", (str,), "a string")
+    _check_type(body, "stream", (bool,), "true or false")
+    _check_type(body, "return_token_ids", (bool,), "true or false")
+    _check_type(body, "stream_options", (dict,), "an object")
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        _check_type(body, name, (int, float), "a number")
+    for name in ("max_tokens", "max_completion_tokens", "n", "seed", "top_k"):
+        _check_type(body, name, (int,), "an integer")
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(name)
+        if value is not None and value < 1:
+            raise ApiError(400, f"'{name}' must be 1 or more, got {value}", name)
+    temperature = body.get("temperature")
+    if temperature is not None and temperature < 0:
+        raise ApiError(400, f"'temperature' must be 0 or more, got {temperature}", "temperature")
+    top_p = body.get("top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ApiError(400, f"'top_p' must be in (0, 1], got {top_p}", "top_p")
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str) and (
+            not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
+        raise ApiError(400, "'stop' must be a string or a list of strings", "stop")
+
+
+def check_chat(body: Mapping[str, Any]) -> None:
+    """Reject a malformed chat request with a 400 naming the field."""
+    messages = body.get("messages")
+    if messages is None:
+        raise ApiError(400, "'messages' is required", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array of messages", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ApiError(400, f"'messages[{i}]' must be an object", f"messages[{i}]")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ApiError(400, f"'messages[{i}].role' must be one of {', '.join(sorted(ROLES))}, got "
+                                f"{json.dumps(role)[:40]}", f"messages[{i}].role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise ApiError(400, f"'messages[{i}].content' must be a string, an array of parts or null",
+                           f"messages[{i}].content")
+        calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise ApiError(400, f"'messages[{i}].tool_calls' must be an array", f"messages[{i}].tool_calls")
+    _check_type(body, "logprobs", (bool,), "true or false")
+    _check_type(body, "top_logprobs", (int,), "an integer")
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise ApiError(400, "'tools' must be an array of tool objects", "tools")
+    _check_common(body)
+
+
+def check_completion(body: Mapping[str, Any]) -> None:
+    """Reject a malformed text-completion request with a 400 naming the field."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise ApiError(400, "'prompt' is required", "prompt")
+    ok = isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt))
+    if not ok:
+        raise ApiError(400, "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt")
+    _check_type(body, "logprobs", (int,), "an integer (how many top logprobs)")
+    _check_type(body, "echo", (bool,), "true or false")
+    _check_common(body)
+
+
+# --------------------------------------------------------------------------- token ids in replies
+
+
+def _logprob_values(logprobs: Any, endpoint: Endpoint) -> list[Any] | None:
+    if not isinstance(logprobs, dict):
+        return None
+    if endpoint == "chat/completions":
+        content = logprobs.get("content")
+        if isinstance(content, list):
+            return [entry.get("logprob") for entry in content if isinstance(entry, dict)]
+        return None
+    values = logprobs.get("token_logprobs")
+    return list(values) if isinstance(values, list) else None
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(type(v) is int for v in value):
+        return value
+    return None
+
+
+class _Ids:
+    """The ids of one call, folded from a reply or from stream chunks (first choice only)."""
+
+    __slots__ = ("endpoint", "prompt", "response", "logprobs", "saw_response")
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.prompt: list[int] | None = None
+        self.response: list[int] = []
+        self.logprobs: list[float] | None = []
+        self.saw_response = False
+
+    def add(self, data: dict[str, Any]) -> None:
+        prompt = data.get("prompt_token_ids")
+        choices = data.get("choices")
+        first = None
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                    first = choice
+                    break
+        if first is not None and prompt is None:
+            prompt = first.get("prompt_token_ids")  # where text completions put it
+        if prompt is not None and self.prompt is None:
+            self.prompt = _int_list(prompt)
+        if first is None:
+            return
+        ids = _int_list(first.get("token_ids"))
+        if ids is not None:
+            self.saw_response = True
+            self.response.extend(ids)
+            values = _logprob_values(first.get("logprobs"), self.endpoint)
+            if values is not None and self.logprobs is not None and len(values) == len(ids):
+                self.logprobs.extend(values)
+            elif ids:
+                self.logprobs = None  # a chunk's logprobs did not line up with its ids: keep none rather than wrong
+
+    def record(self, model: str | None, version: int) -> TokenRecord | None:
+        if self.prompt is None or not self.saw_response:
+            return None
+        logprobs = self.logprobs
+        if logprobs is not None and (len(logprobs) != len(self.response)
+                                     or not all(isinstance(v, (int, float)) for v in logprobs)):
+            logprobs = None
+        return TokenRecord(self.prompt, self.response, logprobs, model, version, time.time())
+
+
+def _strip(data: dict[str, Any], keep_ids: bool, keep_logprobs: bool) -> None:
+    """Take out of a reply (or chunk) the token ids and logprobs that the gateway, not the agent, asked for."""
+    if not keep_ids:
+        data.pop("prompt_token_ids", None)
+    choices = data.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict):
+                if not keep_ids:
+                    choice.pop("token_ids", None)
+                    choice.pop("prompt_token_ids", None)
+                if not keep_logprobs and "logprobs" in choice:
+                    choice["logprobs"] = None
+
+
+# --------------------------------------------------------------------------- the gateway
+
+
+class Gateway:
+    """The gateway's routes over one backend, recording into ``records``."""
+
+    def __init__(self, backend: Backend, records: TokenRecords, config: GatewayConfig | None = None, *,
+                 model_version: Callable[[], int] = lambda: 0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.backend = backend
+        self.records = records
+        self.config = config or GatewayConfig()
+        self.max_body_bytes = max_body_bytes
+        self.model_version = model_version
+        self._served: str | None = self.config.served_model
+        self.calls = 0
+        self.recorded = 0
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+        ]
+
+    async def served_model(self) -> str:
+        if self._served is None:
+            names = await self.backend.models()
+            if not names:
+                raise BackendError(502, "the model backend serves no model")
+            self._served = names[0]
+        return self._served
+
+    async def list_models(self, request: Request) -> Response:
+        try:
+            name = await self.served_model()
+        except BackendError as exc:
+            raise ApiError(exc.status, exc.message) from None
+        data = {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "agl",
+                                            "agl_model_version": self.model_version()}]}
+        return Response(_dumps(data), media_type="application/json")
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.max_body_bytes))
+        check_chat(body)
+        return await self._call(request, "chat/completions", body)
+
+    async def completions(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.max_body_bytes))
+        check_completion(body)
+        return await self._call(request, "completions", body)
+
+    async def _upstream(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
+        config = self.config
+        upstream = {**config.sampling_defaults, **body, **config.sampling_overrides} \
+            if config.sampling_defaults or config.sampling_overrides else dict(body)
+        if config.model_rule == "override" or "model" not in upstream:
+            upstream["model"] = await self.served_model()
+        if config.ask_token_ids:
+            upstream["return_token_ids"] = True
+        if endpoint == "chat/completions":
+            upstream["logprobs"] = True
+        elif upstream.get("logprobs") is None:
+            upstream["logprobs"] = 0  # text completions: the sampled tokens' logprobs, no alternatives
+        return upstream
+
+    async def _call(self, request: Request, endpoint: Endpoint, body: dict[str, Any]) -> Response:
+        self.calls += 1
+        key = parse_traceparent(request.headers.get("traceparent"))
+        if key is None:
+            self.records.unkeyed += 1
+        keep_ids = body.get("return_token_ids") is True
+        keep_logprobs = wants_logprobs(body.get("logprobs"))
+        try:
+            upstream = await self._upstream(endpoint, body)
+            if body.get("stream") is True:
+                opened = await self.backend.stream(endpoint, upstream)
+                if isinstance(opened, BackendReply):
+                    return _relay_error(opened)
+                return StreamingResponse(self._events(opened, endpoint, key, keep_ids, keep_logprobs),
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            reply = await self.backend.complete(endpoint, upstream)
+        except BackendError as exc:
+            raise ApiError(exc.status, exc.message) from None
+        if reply.status != 200 or not isinstance(reply.data, dict):
+            return _relay_error(reply)
+        data = reply.data
+        if key is not None:
+            ids = _Ids(endpoint)
+            ids.add(data)
+            record = ids.record(data.get("model"), self.model_version())
+            if record is not None:
+                self.records.put(key, record)
+                self.recorded += 1
+        if not (keep_ids and keep_logprobs):
+            _strip(data, keep_ids, keep_logprobs)
+        return Response(_dumps(data), media_type="application/json")
+
+    async def _events(self, chunks: Chunks, endpoint: Endpoint, key: Any,
+                      keep_ids: bool, keep_logprobs: bool) -> AsyncIterator[bytes]:
+        ids = _Ids(endpoint)
+        model = None
+        try:
+            async for chunk in chunks:
+                if not isinstance(chunk, dict):
+                    continue
+                ids.add(chunk)
+                model = model or chunk.get("model")
+                if not (keep_ids and keep_logprobs):
+                    _strip(chunk, keep_ids, keep_logprobs)
+                yield b"data: " + _dumps(chunk).encode() + b"\n\n"
+        except BackendError as exc:
+            # the agent's client raises on an error event: its rollout fails with this reason
+            yield b"data: " + _dumps(error_body(exc.status, exc.message)).encode() + b"\n\n"
+            return
+        finally:
+            await chunks.aclose()
+        if key is not None:
+            record = ids.record(model, self.model_version())
+            if record is not None:
+                self.records.put(key, record)  # before [DONE]: the rollout may be posted right after it
+                self.recorded += 1
+        yield b"data: [DONE]\n\n"
+
+
+def _relay_error(reply: BackendReply) -> Response:
+    """A backend's own 4xx goes to the agent as it came; anything else is the backend's failure (502)."""
+    if 400 <= reply.status < 500 and isinstance(reply.data, dict):
+        return Response(_dumps(reply.data), status_code=reply.status, media_type="application/json")
+    detail = reply.data.get("error") if isinstance(reply.data, dict) else None
+    message = detail.get("message") if isinstance(detail, dict) else (detail or reply.text[:300])
+    if reply.status == 200:
+        return Response(_dumps(error_body(502, f"the model backend answered something that is not a JSON object: "
+                                               f"{reply.text[:200]!r}")), status_code=502,
+                        media_type="application/json")
+    status = reply.status if 400 <= reply.status < 500 else 502
+    return Response(_dumps(error_body(status, f"the model backend answered {reply.status}: {message}")),
+                    status_code=status, media_type="application/json")

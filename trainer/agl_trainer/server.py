@@ -1,0 +1,646 @@
+"""``agl serve``: the trainer's server: task queue, rollouts, model version and the gateway, on one port.
+
+One ASGI app (Starlette on uvicorn) over one SQLite file, which holds core's
+store tables (rollouts, spans, transitions), the task queue and the gateway's
+token records, so a restarted server finds all three as they were.
+
+Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
+
+- ``POST /v1/tasks``: enqueue ``{"tasks": [{"task": ..., "task_id"?, "group_id"?}], "repeat"?,
+  "group_id"?, "max_attempts"?}``; ``GET /v1/tasks``, ``GET /v1/tasks/{id}``, ``GET /v1/queue``.
+- ``POST /v1/tasks/lease`` ``{"worker_id", "wait_s"?, "lease_timeout"?}``: 200 with a lease, or 204.
+- ``POST /v1/leases/heartbeat`` ``{"lease_ids": [...]}``; ``POST /v1/leases/{id}/release``.
+- ``POST /v1/rollouts[?lease_id=...]``: a finished ``Rollout`` with its spans. The gateway's
+  token records join its LLM spans, core's ``TransitionBuilder`` builds the transitions, and
+  rollout and transitions are stored; with a lease, the task is done in the same step (the
+  rollout's ``metadata["agl.group_id"]`` says its GRPO group), and a lease that has already
+  expired and moved on gets 409, so an attempt's result is never stored twice.
+- ``GET /v1/rollouts``, ``GET /v1/rollouts/{id}``, ``GET|POST /v1/rollouts/{id}/spans``,
+  ``GET /v1/transitions``, ``GET /v1/trajectories``: the read side of core's ``Store``.
+- ``GET /v1/model``; ``POST /v1/model`` ``{"version", "weights"?}``: the trainer announces weights.
+- ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
+
+Security: it listens on 127.0.0.1 unless told otherwise and then refuses to
+start without a bearer token; with a token every route but ``/healthz`` needs
+it (the agent's ``OPENAI_API_KEY`` carries it to the gateway). Bodies over
+``max_body_bytes`` get 413.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import math
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from agl_core.errors import SchemaError, StoreError
+from agl_core.schema import Rollout, Span
+from agl_core.store.sqlite import SqliteStore
+from agl_core.transitions import TransitionBuilder
+from agl_trainer.api import DEFAULT_MAX_BODY_BYTES, ApiError, BearerAuth, error_response, read_json, read_object
+from agl_trainer.gateway import Backend, Gateway, GatewayConfig
+from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
+from agl_trainer.token_records import TokenRecords
+
+__all__ = ["ServerConfig", "ServerThread", "TrainerServer", "check_bind", "serve"]
+
+logger = logging.getLogger("agl.trainer")
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_FINISHED = ("succeeded", "failed", "timeout", "cancelled")
+
+
+@dataclass
+class ServerConfig:
+    """Everything ``agl serve`` is told; the defaults suit one machine."""
+
+    db_path: str = "agl.db"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    lease_timeout_s: float = 600.0
+    max_attempts: int = 3
+    sweep_interval_s: float = 1.0
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    builder: TransitionBuilder | None = None
+    """How the server turns a posted rollout into transitions; None: ``TransitionBuilder()``."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to listen beyond this machine without a bearer token."""
+    if not _is_loopback(host) and not token:
+        raise ValueError(f"refusing to listen on {host} without a bearer token: anyone who can reach it could "
+                         f"read rollouts and use the model. Pass --token (or AGL_TOKEN), or listen on 127.0.0.1.")
+
+
+class _ModelState:
+    """The current model version and where its weights are, in the server's SQLite file."""
+
+    def __init__(self, path: str) -> None:
+        self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.execute("PRAGMA busy_timeout = 30000")
+            self._conn.execute("CREATE TABLE IF NOT EXISTS trainer_model (id INTEGER PRIMARY KEY CHECK (id = 1),"
+                               " version INTEGER NOT NULL, weights TEXT, updated REAL NOT NULL)")
+            row = self._conn.execute("SELECT version, weights, updated FROM trainer_model").fetchone()
+        self.version: int = row[0] if row else 0
+        self.weights: str | None = row[1] if row else None
+        self.updated: float = row[2] if row else 0.0
+
+    def set(self, version: int, weights: str | None) -> None:
+        now = time.time()
+        with self._lock:
+            self._conn.execute("INSERT INTO trainer_model (id, version, weights, updated) VALUES (1, ?, ?, ?)"
+                               " ON CONFLICT (id) DO UPDATE SET version = excluded.version,"
+                               " weights = excluded.weights, updated = excluded.updated", (version, weights, now))
+        self.version, self.weights, self.updated = version, weights, now
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class TrainerServer:
+    """The server's parts over one SQLite file, and its ASGI :attr:`app`.
+
+    A trainer in the same process uses the parts directly: ``server.queue``
+    (enqueue, watch), ``server.store`` (read rollouts and transitions),
+    ``await server.publish(version, weights)`` (new weights for the gateway).
+    """
+
+    def __init__(self, config: ServerConfig, backend: Backend) -> None:
+        self.config = config
+        self.store = SqliteStore(config.db_path)
+        self.queue = TaskQueue(config.db_path, default_max_attempts=config.max_attempts,
+                               default_lease_timeout=config.lease_timeout_s)
+        memory = config.db_path == ":memory:"
+        self.records = TokenRecords(None if memory else config.db_path)
+        self.model = _ModelState(config.db_path)
+        self.builder = config.builder or TransitionBuilder()
+        self.backend = backend
+        self.gateway = Gateway(backend, self.records, config.gateway, model_version=lambda: self.model.version,
+                               max_body_bytes=config.max_body_bytes)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue_event: asyncio.Event | None = None
+        self.app: ASGIApp = self._build_app()
+
+    # ------------------------------------------------------------------ app
+
+    def _build_app(self) -> ASGIApp:
+        routes = [
+            *self.gateway.routes(),  # first: the hot path matches at once
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/v1/tasks", self.enqueue, methods=["POST"]),
+            Route("/v1/tasks", self.list_tasks, methods=["GET"]),
+            Route("/v1/tasks/lease", self.lease, methods=["POST"]),
+            Route("/v1/tasks/{task_id:path}", self.get_task, methods=["GET"]),
+            Route("/v1/queue", self.queue_counts, methods=["GET"]),
+            Route("/v1/leases/heartbeat", self.heartbeat, methods=["POST"]),
+            Route("/v1/leases/{lease_id}/release", self.release, methods=["POST"]),
+            Route("/v1/rollouts", self.post_rollout, methods=["POST"]),
+            Route("/v1/rollouts", self.list_rollouts, methods=["GET"]),
+            Route("/v1/rollouts/{rollout_id}/spans", self.get_spans, methods=["GET"]),
+            Route("/v1/rollouts/{rollout_id}/spans", self.add_spans, methods=["POST"]),
+            Route("/v1/rollouts/{rollout_id}", self.get_rollout, methods=["GET"]),
+            Route("/v1/transitions", self.list_transitions, methods=["GET"]),
+            Route("/v1/trajectories", self.list_trajectories, methods=["GET"]),
+            Route("/v1/model", self.get_model, methods=["GET"]),
+            Route("/v1/model", self.post_model, methods=["POST"]),
+        ]
+        handlers: dict[Any, Callable[..., Any]] = {
+            ApiError: _on_api_error,
+            SchemaError: _on_schema_error,
+            LeaseLost: _on_lease_lost,
+            StoreError: _on_store_error,
+            HTTPException: _on_http_exception,
+        }
+        app: ASGIApp = Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan)
+        if self.config.token:
+            app = BearerAuth(app, self.config.token)
+        return app
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Any) -> AsyncIterator[None]:
+        self._loop = asyncio.get_running_loop()
+        self._queue_event = asyncio.Event()
+        self.queue.on_change = self._changed_threadsafe
+        sweeper = asyncio.create_task(self._sweep())
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            self.queue.on_change = None
+            await run_in_threadpool(self.records.flush)  # a signal may end the process right after this
+            await self.backend.aclose()
+
+    def close(self) -> None:
+        """Release the store, queue and records (the app must have stopped)."""
+        self.records.close()
+        self.queue.close()
+        self.model.close()
+        self.store.close()
+
+    def _changed_threadsafe(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake_waiters)
+
+    def _wake_waiters(self) -> None:
+        event = self._queue_event
+        self._queue_event = asyncio.Event()
+        if event is not None:
+            event.set()
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sweep_interval_s)
+            try:
+                expired = await run_in_threadpool(self.queue.expire, self._stored_attempt)
+                for task_id, attempt in expired:
+                    logger.info("agl serve: lease of task %s attempt %d expired", task_id, attempt)
+            except Exception:  # noqa: BLE001 - the sweeper must outlive a busy database
+                logger.exception("agl serve: lease sweep failed; retrying")
+
+    def _stored_attempt(self, task_id: str, attempt: int) -> str | None:
+        """A finished rollout already stored for this attempt (the server stopped before finishing its lease)."""
+        for rollout in self.store.rollouts(task_id=task_id, status=[s for s in _FINISHED if s != "cancelled"]):
+            if rollout.attempt == attempt:
+                return rollout.id
+        return None
+
+    # ------------------------------------------------------------------ model
+
+    async def publish(self, version: int, weights: str | None = None) -> None:
+        """New weights: the backend swaps them in, then calls are recorded under ``version``."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise SchemaError("version", f"must be a non-negative integer, got {version!r}")
+        if version <= self.model.version:
+            raise ApiError(409, f"version {version} is not newer than the current version {self.model.version}",
+                           "version")
+        await self.backend.update_weights(weights, version)
+        await run_in_threadpool(self.model.set, version, weights)
+
+    async def get_model(self, request: Request) -> Response:
+        try:
+            name: str | None = await self.gateway.served_model()
+        except Exception:  # noqa: BLE001 - the version is still worth answering while the backend is down
+            name = None
+        return _json({"model": name, "version": self.model.version, "weights": self.model.weights,
+                      "updated_at": self.model.updated})
+
+    async def post_model(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        version = body.get("version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ApiError(400, "'version' must be an integer", "version")
+        weights = body.get("weights")
+        if weights is not None and not isinstance(weights, str):
+            raise ApiError(400, "'weights' must be a string (a path the backend can read) or null", "weights")
+        await self.publish(version, weights)
+        return await self.get_model(request)
+
+    # ------------------------------------------------------------------ tasks
+
+    async def healthz(self, request: Request) -> Response:
+        return _json({"ok": True})
+
+    async def enqueue(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        items = body.get("tasks")
+        if not isinstance(items, list):
+            raise ApiError(400, "'tasks' must be an array of {\"task\": ..., \"task_id\"?, \"group_id\"?}", "tasks")
+        specs = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or "task" not in item:
+                raise ApiError(400, f"'tasks[{i}]' must be an object with a 'task' key", f"tasks[{i}]")
+            unknown = sorted(set(item) - {"task", "task_id", "group_id"})
+            if unknown:
+                raise ApiError(400, f"'tasks[{i}].{unknown[0]}' is not a task field", f"tasks[{i}].{unknown[0]}")
+            for key in ("task_id", "group_id"):
+                if item.get(key) is not None and (not isinstance(item[key], str) or not item[key]):
+                    raise ApiError(400, f"'tasks[{i}].{key}' must be a non-empty string", f"tasks[{i}].{key}")
+            specs.append(TaskSpec(item["task"], item.get("task_id"), item.get("group_id")))
+        repeat = body.get("repeat", 1)
+        max_attempts = body.get("max_attempts")
+        group_id = body.get("group_id")
+        ids = await run_in_threadpool(lambda: self.queue.enqueue(specs, repeat=repeat, group_id=group_id,
+                                                                 max_attempts=max_attempts))
+        return _json({"task_ids": ids}, 201)
+
+    async def list_tasks(self, request: Request) -> Response:
+        q = request.query_params
+        limit = _int_param(q, "limit")
+        tasks = await run_in_threadpool(lambda: self.queue.tasks(state=q.get("state"), group_id=q.get("group_id"),
+                                                                 limit=limit))
+        return _json({"tasks": [t.to_dict() for t in tasks]})
+
+    async def get_task(self, request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        info = await run_in_threadpool(self.queue.get, task_id)
+        if info is None:
+            raise ApiError(404, f"no task {task_id!r} in the queue", "task_id")
+        return _json(info.to_dict())
+
+    async def queue_counts(self, request: Request) -> Response:
+        return _json(await run_in_threadpool(self.queue.counts))
+
+    async def lease(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        worker_id = body.get("worker_id", "anonymous")
+        if not isinstance(worker_id, str) or not worker_id:
+            raise ApiError(400, "'worker_id' must be a non-empty string", "worker_id")
+        wait_s = _number(body, "wait_s", 0.0, high=60.0)
+        lease_timeout = body.get("lease_timeout")
+        if lease_timeout is not None:
+            lease_timeout = _number(body, "lease_timeout", 0.0, low_exclusive=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            event = self._queue_event
+            lease = await run_in_threadpool(lambda: self.queue.lease(worker_id, lease_timeout=lease_timeout))
+            if lease is not None:
+                return _json(lease.to_dict())
+            left = deadline - loop.time()
+            if left <= 0 or event is None:
+                return Response(status_code=204)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=min(left, self.config.sweep_interval_s))
+
+    async def heartbeat(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        ids = body.get("lease_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ApiError(400, "'lease_ids' must be an array of lease ids", "lease_ids")
+        alive, lost = await run_in_threadpool(self.queue.heartbeat, ids)
+        return _json({"alive": alive, "lost": lost})
+
+    async def release(self, request: Request) -> Response:
+        lease_id = request.path_params["lease_id"]
+        reason = "released by the worker"
+        if request.headers.get("content-length") not in (None, "0"):
+            body = read_object(await read_json(request, self.config.max_body_bytes))
+            if body.get("reason") is not None:
+                if not isinstance(body["reason"], str):
+                    raise ApiError(400, "'reason' must be a string", "reason")
+                reason = body["reason"]
+        await run_in_threadpool(self.queue.release, lease_id, reason)
+        return _json({"released": lease_id})
+
+    # ------------------------------------------------------------------ rollouts
+
+    async def post_rollout(self, request: Request) -> Response:
+        data = read_object(await read_json(request, self.config.max_body_bytes))
+        lease_id = request.query_params.get("lease_id") or None
+        rollout = Rollout.from_dict(data)
+        if lease_id is not None and rollout.status == "running":
+            raise ApiError(400, "'status' of a leased task's rollout must be finished (succeeded, failed, timeout "
+                                "or cancelled), got 'running'", "Rollout.status")
+        summary = await run_in_threadpool(self.store_rollout, rollout, lease_id)
+        return _json(summary, 201)
+
+    def store_rollout(self, rollout: Rollout, lease_id: str | None = None) -> dict[str, Any]:
+        """Join the gateway's token records into ``rollout``, build its transitions and store both.
+
+        With ``lease_id`` the lease must still be current (:class:`LeaseLost` otherwise) and its task
+        is done once the rollout is stored; a cancelled rollout is stored and its task queued again.
+        """
+        if lease_id is not None:
+            done = self.queue.attempt_of(lease_id)
+            if done is not None and done["outcome"] == "finished" and done["rollout_id"] == rollout.id:
+                # the same result again (a retry whose first answer was lost): already stored
+                return {"rollout_id": rollout.id, "task_id": rollout.task_id, "attempt": rollout.attempt,
+                        "status": rollout.status, "already_stored": True,
+                        "transitions": len(self.store.transitions(rollout_id=rollout.id))}
+        rollout.spans, keys = self.records.join(rollout.spans)
+        if lease_id is None:
+            trajectory = self.builder.build(rollout)
+            self.store.put_rollout(rollout, trajectory)
+        elif rollout.status == "cancelled":
+            lease = self.queue.lease_of(lease_id)
+            _check_matches(rollout, lease.task_id, lease.attempt)
+            rollout.metadata.setdefault("agl.group_id", lease.group_id)
+            trajectory = self.builder.build(rollout)
+            self.store.put_rollout(rollout, trajectory)
+            self.queue.release(lease_id, f"the rollout was cancelled: {rollout.error or 'no reason given'}")
+        else:
+            with self.queue.finishing(lease_id, rollout.id) as lease:
+                _check_matches(rollout, lease.task_id, lease.attempt)
+                rollout.metadata.setdefault("agl.group_id", lease.group_id)
+                trajectory = self.builder.build(rollout)
+                self.store.put_rollout(rollout, trajectory)
+        self.records.forget(keys)
+        sources: dict[str, int] = {}
+        for t in trajectory.transitions:
+            sources[str(t.token_source)] = sources.get(str(t.token_source), 0) + 1
+        return {"rollout_id": rollout.id, "task_id": rollout.task_id, "attempt": rollout.attempt,
+                "status": rollout.status, "transitions": len(trajectory.transitions), "token_sources": sources,
+                "joined": len(keys), "skipped": [s.to_dict() for s in trajectory.skipped]}
+
+    async def list_rollouts(self, request: Request) -> Response:
+        q = request.query_params
+        statuses = q.getlist("status") or None
+        kwargs: dict[str, Any] = {"task_id": q.get("task_id"), "status": statuses,
+                                  "since": _float_param(q, "since"), "until": _float_param(q, "until"),
+                                  "limit": _int_param(q, "limit"), "with_spans": _bool_param(q, "with_spans")}
+        rollouts = await run_in_threadpool(lambda: self.store.rollouts(**kwargs))
+        return _json({"rollouts": [r.to_dict() for r in rollouts]})
+
+    async def get_rollout(self, request: Request) -> Response:
+        rollout_id = request.path_params["rollout_id"]
+        with_spans = _bool_param(request.query_params, "with_spans", True)
+        rollout = await run_in_threadpool(lambda: self.store.get_rollout(rollout_id, with_spans=with_spans))
+        if rollout is None:
+            raise ApiError(404, f"no rollout {rollout_id!r}", "rollout_id")
+        return _json(rollout.to_dict())
+
+    async def get_spans(self, request: Request) -> Response:
+        spans = await run_in_threadpool(self.store.spans, request.path_params["rollout_id"])
+        return _json({"spans": [s.to_dict() for s in spans]})
+
+    async def add_spans(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        raw = body.get("spans")
+        if not isinstance(raw, list):
+            raise ApiError(400, "'spans' must be an array of spans", "spans")
+        spans = []
+        for i, item in enumerate(raw):
+            try:
+                spans.append(Span.from_dict(item))
+            except SchemaError as exc:
+                raise SchemaError(f"spans[{i}]{exc.field[len('Span'):]}", exc.problem) from None
+        rollout_id = request.path_params["rollout_id"]
+        if await run_in_threadpool(lambda: self.store.get_rollout(rollout_id, with_spans=False)) is None:
+            raise ApiError(404, f"no rollout {rollout_id!r} to add spans to; post the rollout first", "rollout_id")
+        await run_in_threadpool(self.store.add_spans, rollout_id, spans)
+        return _json({"added": len(spans)})
+
+    async def list_transitions(self, request: Request) -> Response:
+        q = request.query_params
+        items = await run_in_threadpool(lambda: self.store.transitions(rollout_id=q.get("rollout_id"),
+                                                                       task_id=q.get("task_id")))
+        return _json({"transitions": [t.to_dict() for t in items]})
+
+    async def list_trajectories(self, request: Request) -> Response:
+        q = request.query_params
+        kwargs: dict[str, Any] = {"task_id": q.get("task_id"), "status": q.getlist("status") or None,
+                                  "rollout_ids": q.getlist("rollout_id") or None}
+        items = await run_in_threadpool(lambda: self.store.trajectories(**kwargs))
+        return _json({"trajectories": [t.to_dict() for t in items]})
+
+
+def _check_matches(rollout: Rollout, task_id: str, attempt: int) -> None:
+    if rollout.task_id != task_id:
+        raise SchemaError("Rollout.task_id", f"is {rollout.task_id!r} but the lease is for task {task_id!r}")
+    if rollout.attempt != attempt:
+        raise SchemaError("Rollout.attempt", f"is {rollout.attempt} but the lease is attempt {attempt}")
+
+
+# ---------------------------------------------------------------------- request pieces
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(_dumps(data), status_code=status, media_type="application/json")
+
+
+def _number(body: dict[str, Any], name: str, default: float, *, high: float = math.inf,
+            low_exclusive: bool = False) -> float:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (low_exclusive and value == 0) or value > high:
+        bound = f" and at most {high:g}" if high != math.inf else ""
+        raise ApiError(400, f"'{name}' must be a {'positive' if low_exclusive else 'non-negative'} number{bound}, "
+                            f"got {json.dumps(value)[:40]}", name)
+    return float(value)
+
+
+def _int_param(q: Any, name: str) -> int | None:
+    raw = q.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"query parameter '{name}' must be an integer, got {raw!r}", name) from None
+    if value < 0:
+        raise ApiError(400, f"query parameter '{name}' must be 0 or more, got {value}", name)
+    return value
+
+
+def _float_param(q: Any, name: str) -> float | None:
+    raw = q.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ApiError(400, f"query parameter '{name}' must be a number, got {raw!r}", name) from None
+    if not math.isfinite(value):
+        raise ApiError(400, f"query parameter '{name}' must be a finite number, got {raw!r}", name)
+    return value
+
+
+def _bool_param(q: Any, name: str, default: bool = False) -> bool:
+    raw = q.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in ("1", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "no"):
+        return False
+    raise ApiError(400, f"query parameter '{name}' must be true or false, got {raw!r}", name)
+
+
+# ---------------------------------------------------------------------- error answers
+
+
+async def _on_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def _on_schema_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SchemaError)
+    return error_response(400, str(exc), exc.field)
+
+
+async def _on_lease_lost(request: Request, exc: Exception) -> Response:
+    return error_response(409, str(exc), "lease_id")
+
+
+async def _on_store_error(request: Request, exc: Exception) -> Response:
+    return error_response(503, f"the store could not do it: {exc}")
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(404, f"no route {request.method} {request.url.path}")
+    if exc.status_code == 405:
+        return error_response(405, f"{request.method} is not allowed on {request.url.path}")
+    return error_response(exc.status_code, str(exc.detail))
+
+
+# ---------------------------------------------------------------------- running
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket (``port`` 0: any free one); binding ourselves tells us the port before serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and without it a
+    # response written in two parts (headers, body) waits out the client's delayed ACK (40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _uvicorn_config(app: ASGIApp, host: str, port: int, log_level: str) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=5)
+
+
+def _run_async(main: Any, uvicorn_config: Any) -> None:
+    """``asyncio.run(main)`` on the event loop uvicorn would pick (uvloop when installed)."""
+    factory = getattr(uvicorn_config, "get_loop_factory", None)  # uvicorn >= 0.36
+    with asyncio.Runner(loop_factory=factory() if factory is not None else None) as runner:
+        runner.run(main)
+
+
+def serve(server: TrainerServer, *, on_ready: Callable[[str], None] | None = None, log_level: str = "warning"
+          ) -> None:
+    """Run ``server`` on uvicorn until SIGINT/SIGTERM (blocking)."""
+    import uvicorn
+
+    config = server.config
+    check_bind(config.host, config.token)
+    sock = bind_socket(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    userver = uvicorn.Server(_uvicorn_config(server.app, config.host, port, log_level))
+
+    async def main() -> None:
+        task = asyncio.create_task(userver.serve(sockets=[sock]))
+        while not userver.started and not task.done():
+            await asyncio.sleep(0.01)
+        if userver.started and on_ready is not None:
+            on_ready(url)
+        await task
+
+    try:
+        _run_async(main(), userver.config)
+    finally:
+        sock.close()
+        server.close()
+
+
+class ServerThread:
+    """A server on uvicorn in a background thread (tests, the demo, a trainer hosting its own server)."""
+
+    def __init__(self, server: TrainerServer, *, log_level: str = "warning") -> None:
+        import uvicorn
+
+        check_bind(server.config.host, server.config.token)
+        self.server = server
+        self._sock = bind_socket(server.config.host, server.config.port)
+        host, port = self._sock.getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        self._uvicorn = uvicorn.Server(_uvicorn_config(server.app, host, port, log_level))
+        self._thread = threading.Thread(target=self._run, name="agl-serve", daemon=True)
+
+    def _run(self) -> None:
+        _run_async(self._uvicorn.serve(sockets=[self._sock]), self._uvicorn.config)
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._uvicorn.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the agl server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._uvicorn.should_exit = True
+        self._thread.join(timeout=15)
+        self._sock.close()
+        self.server.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
