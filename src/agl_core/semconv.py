@@ -105,3 +105,22 @@ SPAN_OBJECT: Final = "agl.object"
 SPAN_EXCEPTION: Final = "agl.exception"
 
 TRACER_NAME: Final = "agl"
+
+# --- openai_agents
+AGL_HANDOFF_FROM_AGENT: Final = "agl.handoff.from_agent"  # on a handoff span: the agent handing over
+AGL_HANDOFF_TO_AGENT: Final = "agl.handoff.to_agent"  # ... and the agent taking over
+AGL_GUARDRAIL_NAME: Final = "agl.guardrail.name"
+AGL_GUARDRAIL_TRIGGERED: Final = "agl.guardrail.triggered"  # the guardrail's tripwire fired
+
+# --- langchain
+AGL_LLM_INVOCATION_PARAMETERS: Final = "agl.llm.invocation_parameters"  # JSON: the model's other call parameters
+
+# --- crewai
+CREWAI_CREW_NAME: Final = "crewai.crew.name"  # on crew, task and agent spans: the crew they run in
+CREWAI_CREW_ID: Final = "crewai.crew.id"
+CREWAI_CREW_PROCESS: Final = "crewai.crew.process"  # sequential | hierarchical
+CREWAI_TASK_NAME: Final = "crewai.task.name"  # the task's name, or its description when it has none
+CREWAI_TASK_ID: Final = "crewai.task.id"
+CREWAI_FLOW_NAME: Final = "crewai.flow.name"
+CREWAI_FLOW_ID: Final = "crewai.flow.id"
+CREWAI_LLM_CLASS: Final = "crewai.llm.class"  # the BaseLLM class that served the call: OpenAICompletion, LLM, ...

@@ -1,30 +1,21 @@
-"""agl plugin for LangChain and LangGraph (``langchain-core >= 0.3``): packaged, not capturing yet.
+"""agl's plugin for LangChain and LangGraph: every chat-model run a transition, every tool run a span.
 
-The plugin is registered under the ``agl.instrumentors`` and
-``opentelemetry_instrumentor`` entry-point groups, so ``agl.instrument()`` finds
-it; until its hooks land, activation reports it as skipped with the reason.
+Registered under the ``agl.instrumentors`` and ``opentelemetry_instrumentor``
+entry-point groups as ``langchain``, so ``agl.instrument()`` finds it. See
+:mod:`agl_langchain.instrumentor` for the hook (a callback handler added to
+every LangChain callback manager through ``langchain_core``'s configure hook)
+and what it covers, and :mod:`agl_langchain.attributes` for how LangChain's
+messages, results and tool outputs become span attributes. Importing this
+package does not import LangChain.
 
-Planned hook: a callback handler added to every ``CallbackManager`` through
-``langchain_core``'s configure hook. ``CallbackManager.configure`` runs for every
-runnable call, so one handler sees sync, async, streaming and batch runs alike,
-including LangGraph nodes, where patching individual chat-model classes would
-miss subclasses and third-party integrations.
+With agl's ``openai`` plugin active too (``agl.instrument()`` activates both), a
+``ChatOpenAI`` call pointed at an OpenAI-compatible server that returns token
+ids (vLLM's ``return_token_ids``, agl's gateway) becomes one transition with
+those token ids.
 """
 
-from __future__ import annotations
-
-from typing import ClassVar
-
-from agl_core.plugin import Instrumentor
+from agl_langchain.instrumentor import LangChainInstrumentor
 
 __version__ = "0.1.0"
 
 __all__ = ["LangChainInstrumentor", "__version__"]
-
-
-class LangChainInstrumentor(Instrumentor):
-    """Turns LangChain chat-model and tool runs into agl spans (not capturing yet)."""
-
-    name: ClassVar[str] = "langchain"
-    framework: ClassVar[str] = "langchain_core"
-    requirements: ClassVar[tuple[str, ...]] = ("langchain-core >= 0.3",)
