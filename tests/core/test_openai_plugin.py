@@ -534,3 +534,18 @@ def test_set_on_matches_set_attributes_and_respects_span_limits() -> None:
         plain.end()
         attributes.set_on(fast, {"late": 1})  # an ended span takes nothing, as with set_attributes
         assert "late" not in (fast.attributes or {})
+
+
+def test_dumps_handles_pydantic_classes_and_instances() -> None:
+    """A pydantic class (a structured-output response_format) is written as its JSON Schema, never a crash."""
+    import json
+
+    import pydantic
+
+    from agl_core.openai_client.attributes import dumps
+
+    class Answer(pydantic.BaseModel):
+        value: int
+
+    assert json.loads(dumps({"response_format": Answer}))["response_format"]["properties"]["value"]["type"] == "integer"
+    assert json.loads(dumps(Answer(value=3))) == {"value": 3}

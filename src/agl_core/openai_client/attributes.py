@@ -32,6 +32,9 @@ Attributes = dict[str, Any]
 
 
 def _json_default(value: Any) -> Any:
+    if isinstance(value, type):  # a class, e.g. a pydantic model given as a response_format
+        schema = getattr(value, "model_json_schema", None)
+        return schema() if schema is not None else value.__qualname__
     dump = getattr(value, "model_dump", None)
     if dump is not None:
         return dump(exclude_none=True)
