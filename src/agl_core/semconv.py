@@ -116,11 +116,11 @@ AGL_GUARDRAIL_TRIGGERED: Final = "agl.guardrail.triggered"  # the guardrail's tr
 AGL_LLM_INVOCATION_PARAMETERS: Final = "agl.llm.invocation_parameters"  # JSON: the model's other call parameters
 
 # --- crewai
-CREWAI_CREW_NAME: Final = "crewai.crew.name"  # on crew, task and agent spans: the crew they run in
-CREWAI_CREW_ID: Final = "crewai.crew.id"
-CREWAI_CREW_PROCESS: Final = "crewai.crew.process"  # sequential | hierarchical
-CREWAI_TASK_NAME: Final = "crewai.task.name"  # the task's name, or its description when it has none
-CREWAI_TASK_ID: Final = "crewai.task.id"
-CREWAI_FLOW_NAME: Final = "crewai.flow.name"
-CREWAI_FLOW_ID: Final = "crewai.flow.id"
-CREWAI_LLM_CLASS: Final = "crewai.llm.class"  # the BaseLLM class that served the call: OpenAICompletion, LLM, ...
+CREWAI_CREW_NAME: Final = "agl.crewai.crew.name"  # on crew, task and agent spans: the crew they run in
+CREWAI_CREW_ID: Final = "agl.crewai.crew.id"
+CREWAI_CREW_PROCESS: Final = "agl.crewai.crew.process"  # sequential | hierarchical
+CREWAI_TASK_NAME: Final = "agl.crewai.task.name"  # the task's name, or its description when it has none
+CREWAI_TASK_ID: Final = "agl.crewai.task.id"
+CREWAI_FLOW_NAME: Final = "agl.crewai.flow.name"
+CREWAI_FLOW_ID: Final = "agl.crewai.flow.id"
+CREWAI_LLM_CLASS: Final = "agl.crewai.llm.class"  # the BaseLLM class that served the call: OpenAICompletion, LLM, ...
