@@ -111,7 +111,10 @@ def test_wheel_registers_its_plugin_in_both_groups(wheels: dict[str, Path], dist
         assert groups == {}
         return
     name, target = PLUGINS[dist]
-    assert groups == {"agl.instrumentors": {name: target}, "opentelemetry_instrumentor": {f"agl_{name}": target}}
+    expected = {"agl.instrumentors": {name: target}, "opentelemetry_instrumentor": {f"agl_{name}": target}}
+    if dist == "agl-core":  # the `agl` command ships with the core
+        expected["console_scripts"] = {"agl": "agl_core.cli:main"}
+    assert groups == expected
 
 
 def test_agl_core_wheel_ships_its_json_schema(wheels: dict[str, Path]) -> None:
