@@ -103,6 +103,8 @@ def from_genai(message: Mapping[str, Any]) -> Message:
         if response is not None:
             out["tool_call_id"] = response.get("id")
             out["content"] = _as_text(response.get("response"))
+            if message.get("name"):
+                out["name"] = message["name"]
             return out
     content: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []

@@ -98,6 +98,7 @@ class _Call:
         self.spans = [outer]
         self.rewards: list[float] = []
         self._tool_call_ids: set[str] | None = None
+        self._ordered: list[Span] | None = None
 
     def tool_call_ids(self) -> set[str]:
         """Ids of the tool calls this request's response asked for."""
@@ -118,21 +119,38 @@ class _Call:
         return self.outer.start_ns
 
     def first(self, key: str) -> Any:
-        for span in self.spans:
+        for span in self.ordered():
             value = span.attributes.get(key)
             if value is not None:
                 return value
         return None
 
-    def tokens(self) -> tuple[list[int] | None, list[int] | None, list[float] | None, str | None]:
+    def token_span(self) -> Span | None:
+        """The span with the best token ids (gateway > response > retokenized), if any has them."""
         best: Span | None = None
+        best_rank = -1
         for span in self.spans:
             a = span.attributes
             if a.get(semconv.AGL_RESPONSE_TOKEN_IDS) is None or a.get(semconv.AGL_PROMPT_TOKEN_IDS) is None:
                 continue
             rank = _SOURCE_RANK.get(str(a.get(semconv.AGL_TOKEN_SOURCE)), 0)
-            if best is None or rank > _SOURCE_RANK.get(str(best.attributes.get(semconv.AGL_TOKEN_SOURCE)), 0):
-                best = span
+            if rank > best_rank:
+                best, best_rank = span, rank
+        return best
+
+    def ordered(self) -> list[Span]:
+        """The spans to read content from: the token span first, so text and ids describe the same request.
+
+        A framework's span may hold a post-processed reply (crewai cuts replies at stop words on the
+        client side) while the client span below it saw what the model really generated.
+        """
+        if self._ordered is None:
+            best = self.token_span()
+            self._ordered = [best, *(s for s in self.spans if s is not best)] if best is not None else self.spans
+        return self._ordered
+
+    def tokens(self) -> tuple[list[int] | None, list[int] | None, list[float] | None, str | None]:
+        best = self.token_span()
         if best is None:
             return None, None, None, None
         a = best.attributes
@@ -319,7 +337,7 @@ def _call_for_tool(calls: list[_Call], tool: Span) -> _Call:
 
 
 def _first_json(call: _Call, key: str) -> Any:
-    for span in call.spans:
+    for span in call.ordered():
         if span.attributes.get(key) is not None:
             return _json_attr(span, key)
     return None

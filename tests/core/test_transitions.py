@@ -204,3 +204,18 @@ def test_builder_rejects_bad_settings_by_name() -> None:
         credit.assign([1.0], None, lambda rs, f: [])
     with pytest.raises(SchemaError, match="gamma"):
         credit.assign([1.0], None, "discounted", gamma=2.0)
+
+
+def test_text_comes_from_the_span_whose_token_ids_are_used() -> None:
+    """A framework span may cut the reply (crewai stops at stop words client-side): text and ids must match."""
+    outer = llm(None, "q", "The answer", plugin="crewai")
+    inner = llm(outer, "q", "The answer is 4. Observation:", ids=True, plugin="openai")
+    (t,) = TransitionBuilder().build(rollout(outer, inner)).transitions
+    assert t.response["content"] == "The answer is 4. Observation:" and t.span_id == outer.span_id
+
+
+def test_tool_message_keeps_its_name() -> None:
+    from agl_core.messages import from_genai, to_genai
+
+    msg = {"role": "tool", "tool_call_id": "c1", "name": "calc", "content": "4"}
+    assert from_genai(to_genai(msg)) == msg
