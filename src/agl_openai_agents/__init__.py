@@ -1,29 +1,23 @@
-"""agl plugin for the OpenAI Agents SDK (``openai-agents >= 0.2``): packaged, not capturing yet.
+"""agl's plugin for the OpenAI Agents SDK (``openai-agents``): a span per model call, agent, tool, handoff, guardrail.
 
-The plugin is registered under the ``agl.instrumentors`` and
-``opentelemetry_instrumentor`` entry-point groups, so ``agl.instrument()`` finds
-it; until its hooks land, activation reports it as skipped with the reason.
+Registered under the ``agl.instrumentors`` entry point as ``openai_agents``; see
+:mod:`agl_openai_agents.instrumentor` for the hooks and what they cover (every
+``Model`` implementation, user subclasses included; ``Runner.run``, ``run_sync``
+and ``run_streamed``; traced or not), and :mod:`agl_openai_agents.attributes`
+for how the SDK's Responses-format items become span attributes and chat
+messages. Importing this package does not import ``agents``.
 
-Planned hook: a ``TracingProcessor`` added with ``agents.add_trace_processor``.
-The SDK opens its own span for every agent turn, model call, function tool and
-handoff, on the sync, async and streamed runners alike, so one processor sees
-them all, where wrapping ``Runner`` methods would miss the model calls inside.
+With ``agl.instrument()`` the ``openai`` plugin is active too, and a model that
+talks to an OpenAI-compatible server through the ``openai`` client
+(``OpenAIChatCompletionsModel``) also gets that plugin's span, nested in this
+one's and merged with it into one transition, with the server's token ids when
+it returns them.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from agl_core.plugin import Instrumentor
+from agl_openai_agents.instrumentor import OpenAIAgentsInstrumentor
 
 __version__ = "0.1.0"
 
 __all__ = ["OpenAIAgentsInstrumentor", "__version__"]
-
-
-class OpenAIAgentsInstrumentor(Instrumentor):
-    """Turns OpenAI Agents SDK agent, model and tool spans into agl spans (not capturing yet)."""
-
-    name: ClassVar[str] = "openai_agents"
-    framework: ClassVar[str] = "agents"
-    requirements: ClassVar[tuple[str, ...]] = ("openai-agents >= 0.2",)
