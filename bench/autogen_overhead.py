@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import functools
 import logging
 import pstats
 import statistics
@@ -57,10 +58,10 @@ from autogen_agentchat.agents import AssistantAgent
 from autogen_core import CancellationToken
 from autogen_core.models import ModelFamily, ModelInfo
 from autogen_ext.models.openai import OpenAIChatCompletionClient
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from openinference.instrumentation.autogen_agentchat import AutogenAgentChatInstrumentor
 
 import agl_core as agl
+import harness
 from agl_core import collector
 from agl_core.testing import FakeOpenAI
 
@@ -76,51 +77,14 @@ def calculator(expression: str) -> str:
     return str(int(left) * int(right))
 
 
-class NullExporter(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
-
-
-def _provider() -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(NullExporter()))
-    return provider
-
-
 # --------------------------------------------------------------------------- variants
 
 
-class Variant:
-    name = "none"
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        yield
-
-
-class OpenInference(Variant):
-    name = "openinference"
-
-    def __init__(self) -> None:
-        from openinference.instrumentation.autogen_agentchat import AutogenAgentChatInstrumentor
-
-        self.instrumentor = AutogenAgentChatInstrumentor()
-        self.provider = _provider()
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        self.instrumentor.instrument(tracer_provider=self.provider, skip_dep_check=True)
-        try:
-            yield
-        finally:
-            self.instrumentor.uninstrument()
-
-
-class Agl(Variant):
+class Agl(harness.Variant):
     def __init__(self, name: str, plugins: list[str], sdk: bool) -> None:
         self.name = name
         self.plugins = plugins
-        self.provider = _provider() if sdk else None
+        self.provider = harness.sdk_provider() if sdk else None
         self.spans: list[int] = []  # spans per turn, from each round's rollout
 
     @contextlib.contextmanager
@@ -140,57 +104,15 @@ class Agl(Variant):
 
 # --------------------------------------------------------------------------- timing
 
-Timing = tuple[float, float]  # (wall, process CPU) µs per turn of one round
 
-
-async def _round(agent: AssistantAgent, turns: int) -> Timing:
+async def _round(agent: AssistantAgent, turns: int) -> harness.Timing:
     token = CancellationToken()
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(turns):
+
+    async def turn() -> None:
         await agent.run(task="What is 6 * 7?")
         await agent.on_reset(token)
-    return (time.perf_counter() - wall) / turns * 1e6, (time.process_time() - cpu) / turns * 1e6
 
-
-Times = dict[str, list[Timing]]
-
-
-async def _interleave(variants: Sequence[Variant], rounds: int, turns: int, agent: AssistantAgent) -> Times:
-    # each variant is switched on inside the task that runs the turns, so agl's rollout context is the turns' own
-    times: Times = {v.name: [] for v in variants}
-    for r in range(rounds + 1):  # round 0 warms up every variant and is dropped
-        for i in range(len(variants)):
-            variant = variants[(r + i) % len(variants)]
-            with variant.active():
-                timing = await _round(agent, turns)
-            if r:
-                times[variant.name].append(timing)
-    return times
-
-
-def _report(title: str, times: Times) -> None:
-    base = times["none"]
-    base_wall, base_cpu = (statistics.median(b[k] for b in base) for k in (0, 1))
-    print(f"\n{title}  ({len(base)} rounds; µs per agent turn = 1 model request + 1 tool call)")
-    print(f"  {'variant':<14} {'wall median':>12} {'wall overhead':>22} {'CPU overhead':>22}")
-    overhead: dict[str, tuple[float, float]] = {}
-    for name, values in times.items():
-        wall = statistics.median(v[0] for v in values)
-        if name == "none":
-            print(f"  {name:<14} {wall:12.1f}")
-            continue
-        extra = tuple(statistics.median(v[k] - b[k] for v, b in zip(values, base, strict=True)) for k in (0, 1))
-        overhead[name] = (extra[0], extra[1])
-        print(f"  {name:<14} {wall:12.1f} {extra[0]:+13.1f} ({extra[0] / base_wall:+6.1%})"
-              f" {extra[1]:+13.1f} ({extra[1] / base_cpu:+6.1%})")
-    oi = overhead.get("openinference")
-    if oi is None:
-        return
-    for name, (wall, cpu) in overhead.items():
-        if name.startswith("agl"):
-            ratios = [f"{label} {ours / theirs:.2f}" for ours, theirs, label in ((wall, oi[0], "wall"),
-                                                                                  (cpu, oi[1], "CPU")) if theirs > 0]
-            print(f"  {name} overhead / OpenInference overhead: {', '.join(ratios)}")
+    return await harness.time_calls_async(turn, turns)
 
 
 def _agent(url: str, stream: bool) -> AssistantAgent:
@@ -269,7 +191,7 @@ def stand_in_turns() -> dict[str, Any]:
 
     plain = make_turn(create, execute_tool_call, lambda fn: fn)
 
-    oi_tracer: Any = OITracer(_provider().get_tracer("bench"), config=TraceConfig())
+    oi_tracer: Any = OITracer(harness.sdk_provider().get_tracer("bench"), config=TraceConfig())
     oi_create_hook = oi._BaseOpenAIChatCompletionClientCreateWrapper(oi_tracer)
     oi_tool_hook = oi._AssistantAgentExecuteToolCallWrapper(oi_tracer)
     oi_stream_hook = oi._AssistantAgentOnMessagesStreamWrapper(oi_tracer)
@@ -300,7 +222,7 @@ async def _hooks_alone(turns: int, rounds: int) -> None:
     plugin = AutoGenInstrumentor()
     was_active = plugin._active
     plugin._active = True
-    sdk = _provider()
+    sdk = harness.sdk_provider()
 
     async def timed(turn: Any) -> float:
         start = time.perf_counter()
@@ -332,7 +254,7 @@ async def _hooks_alone(turns: int, rounds: int) -> None:
         print(f"  {name:<13} {cost:+.1f}   {name} / openinference = {cost / oi_cost:.2f}")
 
 
-async def _profile(agent: AssistantAgent, variant: Variant, turns: int) -> None:
+async def _profile(agent: AssistantAgent, variant: harness.Variant, turns: int) -> None:
     profiler = cProfile.Profile()
     with variant.active():
         profiler.enable()
@@ -344,16 +266,19 @@ async def _profile(agent: AssistantAgent, variant: Variant, turns: int) -> None:
 
 async def _main(args: argparse.Namespace) -> None:
     agl_default = Agl("agl", ["autogen", "openai"], sdk=False)
-    variants: list[Variant] = [Variant(), OpenInference(), agl_default, Agl("agl-sdk", ["autogen", "openai"], sdk=True),
-                               Agl("agl-autogen", ["autogen"], sdk=False)]
+    openinference = harness.OpenInference("openinference", [AutogenAgentChatInstrumentor()])
+    variants: list[harness.Variant] = [harness.Variant(), openinference, agl_default,
+                                       Agl("agl-sdk", ["autogen", "openai"], sdk=True),
+                                       Agl("agl-autogen", ["autogen"], sdk=False)]
     if args.hooks_only:
         await _hooks_alone(args.turns * 10, args.rounds)
         return
     with FakeOpenAI(script=lambda body: TOOL_CALL) as srv:
         for stream in (False, True):
             agent = _agent(srv.url, stream)
-            times = await _interleave(variants, args.rounds, args.turns, agent)
-            _report("create_stream (model_client_stream=True)" if stream else "create", times)
+            times = await harness.interleave_async(variants, args.rounds, functools.partial(_round, agent, args.turns))
+            harness.report("create_stream (model_client_stream=True)" if stream else "create", times,
+                           unit="agent turn = 1 model request + 1 tool call")
         print(f"\nagl spans per turn: {statistics.median(agl_default.spans) / args.turns:.1f}"
               " (2 LLM spans merged into one transition, 1 tool span)")
         await _hooks_alone(args.turns * 10, args.rounds)

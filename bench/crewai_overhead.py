@@ -59,8 +59,7 @@ import cProfile  # noqa: E402
 import logging  # noqa: E402
 import pstats  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Awaitable, Callable, Iterator, Sequence  # noqa: E402
+from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 from datetime import datetime  # noqa: E402
 from importlib.metadata import version  # noqa: E402
 from typing import Any  # noqa: E402
@@ -71,10 +70,11 @@ from crewai.llm import LLM  # noqa: E402
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from crewai.task import Task  # noqa: E402
 from crewai.tools import tool  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
+from openinference.instrumentation.crewai import CrewAIInstrumentor as OICrewAI  # noqa: E402
+from openinference.instrumentation.openai import OpenAIInstrumentor as OIOpenAI  # noqa: E402
 
 import agl_core as agl  # noqa: E402
+import harness  # noqa: E402
 from agl_core import collector  # noqa: E402
 from agl_core.openai_client import OpenAIInstrumentor  # noqa: E402
 from agl_core.testing import FakeOpenAI  # noqa: E402
@@ -119,57 +119,22 @@ def _crew(llm: Any) -> Crew:
     return Crew(agents=[agent], tasks=[task], name="calc crew")
 
 
-class NullExporter(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
-
-
-def _provider() -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(NullExporter()))
-    return provider
-
-
 # --------------------------------------------------------------------------- variants
 
 
-class Variant:
-    name = "none"
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        yield
-
-
-class OpenInference(Variant):
-    def __init__(self, with_openai: bool) -> None:
-        from openinference.instrumentation.crewai import CrewAIInstrumentor as OICrewAI
-
-        self.name = "oi+openai" if with_openai else "openinference"
-        self.instrumentors: list[Any] = [OICrewAI()]
-        if with_openai:
-            from openinference.instrumentation.openai import OpenAIInstrumentor as OIOpenAI
-
-            self.instrumentors.append(OIOpenAI())
-        self.provider = _provider()
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        for instrumentor in self.instrumentors:
-            instrumentor.instrument(tracer_provider=self.provider, skip_dep_check=True)
-        try:
-            yield
-        finally:
-            for instrumentor in reversed(self.instrumentors):
-                instrumentor.uninstrument()
+def _openinference(with_openai: bool) -> harness.Variant:
+    """OpenInference's crewai instrumentor, plus its openai one: the way an OpenInference user gets LLM spans."""
+    if with_openai:
+        return harness.OpenInference("oi+openai", [OICrewAI(), OIOpenAI()])
+    return harness.OpenInference("openinference", [OICrewAI()])
 
 
-class Agl(Variant):
+class Agl(harness.Variant):
     """agl's ``crewai`` and ``openai`` plugins inside one open ``agl.rollout`` per round."""
 
     def __init__(self, sdk: bool) -> None:
         self.name = "agl+sdk" if sdk else "agl"
-        self.provider = _provider() if sdk else None
+        self.provider = harness.sdk_provider() if sdk else None
         self.plugins = [CrewAIInstrumentor(), OpenAIInstrumentor()]
         self.spans: list[int] = []
 
@@ -190,16 +155,6 @@ class Agl(Variant):
 
 
 # --------------------------------------------------------------------------- hooks alone
-
-
-def _median_us(fn: Callable[[], Any], calls: int, repeats: int = 7) -> float:
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        runs.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(runs)
 
 
 def _hooks_alone(srv: FakeOpenAI, calls: int) -> None:
@@ -287,7 +242,7 @@ def _hooks_alone(srv: FakeOpenAI, calls: int) -> None:
         return lambda: crew_traced(crew)
 
     def oi_tree(wrap: bool) -> Callable[[], Any]:
-        tracer: Any = OITracer(_provider().get_tracer("bench"), config=TraceConfig())
+        tracer: Any = OITracer(harness.sdk_provider().get_tracer("bench"), config=TraceConfig())
         crew_hook, task_hook, tool_hook = (_CrewKickoffWrapper(tracer), _ExecuteCoreWrapper(tracer),
                                            _BaseToolRunWrapper(tracer))
 
@@ -314,12 +269,12 @@ def _hooks_alone(srv: FakeOpenAI, calls: int) -> None:
     cost: dict[str, list[float]] = {"openinference": [], "agl": [], "agl+sdk": []}
     for _ in range(5):
         bare, traced = trees["openinference"]
-        cost["openinference"].append(_median_us(traced, calls, 3) - _median_us(bare, calls, 3))
+        cost["openinference"].append(harness.median_us(traced, calls) - harness.median_us(bare, calls))
         bare, traced = trees["agl"]
-        for name, sdk in (("agl", None), ("agl+sdk", _provider())):
+        for name, sdk in (("agl", None), ("agl+sdk", harness.sdk_provider())):
             collector.use_provider(sdk)
             with agl.rollout("hooks"):
-                cost[name].append(_median_us(traced, calls, 3) - _median_us(bare, calls, 3))
+                cost[name].append(harness.median_us(traced, calls) - harness.median_us(bare, calls))
             collector.use_provider(None)
     oi = statistics.median(cost["openinference"])
     print(f"\nhooks alone, µs per kickoff (crewai's objects, nothing of crewai running):  openinference {oi:.1f}")
@@ -331,77 +286,30 @@ def _hooks_alone(srv: FakeOpenAI, calls: int) -> None:
 
 # --------------------------------------------------------------------------- timing
 
-Timing = tuple[float, float]  # (wall, process CPU) µs per kickoff of one round
-Times = dict[str, list[Timing]]
+
+def _kickoff(crew: Crew) -> None:
+    if crew.kickoff().raw != ANSWER:
+        raise RuntimeError("the crew did not finish its task")
 
 
-def _round(make: Callable[[], Crew], kickoffs: int) -> Timing:
+async def _akickoff(crew: Crew) -> None:
+    if (await crew.akickoff()).raw != ANSWER:
+        raise RuntimeError("the crew did not finish its task")
+
+
+def _round(make: Callable[[], Crew], kickoffs: int) -> harness.Timing:
     crew = make()  # built with the variant on: crewai's OpenAI provider binds the client's create on its first call
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(kickoffs):
-        if crew.kickoff().raw != ANSWER:
-            raise RuntimeError("the crew did not finish its task")
-    return (time.perf_counter() - wall) / kickoffs * 1e6, (time.process_time() - cpu) / kickoffs * 1e6
+    return harness.time_calls(lambda: _kickoff(crew), kickoffs)
 
 
-async def _around(make: Callable[[], Crew], kickoffs: int) -> Timing:
+async def _around(make: Callable[[], Crew], kickoffs: int) -> harness.Timing:
     crew = make()
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(kickoffs):
-        if (await crew.akickoff()).raw != ANSWER:
-            raise RuntimeError("the crew did not finish its task")
-    return (time.perf_counter() - wall) / kickoffs * 1e6, (time.process_time() - cpu) / kickoffs * 1e6
+    return await harness.time_calls_async(lambda: _akickoff(crew), kickoffs)
 
 
-def _interleave(variants: Sequence[Variant], rounds: int, run: Callable[[], Timing]) -> Times:
-    times: Times = {v.name: [] for v in variants}
-    for r in range(rounds + 1):  # round 0 warms every variant up and is dropped
-        for i in range(len(variants)):
-            variant = variants[(r + i) % len(variants)]
-            with variant.active():
-                timing = run()
-            if r:
-                times[variant.name].append(timing)
-    return times
-
-
-async def _interleave_async(variants: Sequence[Variant], rounds: int, run: Callable[[], Awaitable[Timing]]) -> Times:
-    # the variant is switched on inside the task that kicks the crew off, so agl's rollout context is the crew's
-    times: Times = {v.name: [] for v in variants}
-    for r in range(rounds + 1):
-        for i in range(len(variants)):
-            variant = variants[(r + i) % len(variants)]
-            with variant.active():
-                timing = await run()
-            if r:
-                times[variant.name].append(timing)
-    return times
-
-
-def _report(title: str, times: Times) -> None:
-    """Per variant: median µs/kickoff, and its overhead as the median over rounds of (variant - baseline) in the
-    same round, in wall time and in this process's CPU time (crew and fake server together; steadier on a shared
-    machine, since it leaves out what other processes take)."""
-    base = times["none"]
-    base_wall, base_cpu = (statistics.median(b[k] for b in base) for k in (0, 1))
-    print(f"\n{title}  ({len(base)} rounds; µs per kickoff: 2 LLM calls + 1 tool call)")
-    print(f"  {'variant':<14} {'wall median':>12} {'wall overhead':>24} {'CPU overhead':>24}")
-    overhead: dict[str, tuple[float, float]] = {}
-    for name, values in times.items():
-        wall = statistics.median(v[0] for v in values)
-        if name == "none":
-            print(f"  {name:<14} {wall:12.0f}")
-            continue
-        extra = tuple(statistics.median(v[k] - b[k] for v, b in zip(values, base, strict=True)) for k in (0, 1))
-        overhead[name] = (extra[0], extra[1])
-        print(f"  {name:<14} {wall:12.0f} {extra[0]:+14.0f} ({extra[0] / base_wall:+6.1%})"
-              f" {extra[1]:+14.0f} ({extra[1] / base_cpu:+6.1%})")
-    for ours in ("agl", "agl+sdk"):
-        for peer in ("openinference", "oi+openai"):
-            if ours in overhead and peer in overhead:
-                ratios = [f"{label} {overhead[ours][k] / overhead[peer][k]:.2f}"
-                          for k, label in ((0, "wall"), (1, "CPU")) if overhead[peer][k] > 0]
-                print(f"  {ours} overhead / {peer} overhead: {', '.join(ratios) or 'n/a (peer overhead <= 0)'}")
+def _report(title: str, times: harness.Times) -> None:
+    harness.report(title, times, unit="kickoff: 2 LLM calls + 1 tool call", decimals=0,
+                   peers=("openinference", "oi+openai"))
 
 
 def _profile(make: Callable[[], Crew], variant: Agl, kickoffs: int) -> None:
@@ -436,16 +344,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                              extra_body={"return_token_ids": True}))
 
         _hooks_alone(srv, args.kickoffs * 20)
-        full: list[Variant] = [Variant(), OpenInference(False), OpenInference(True), Agl(False), Agl(True)]
-        _report("http, sync", _interleave(full, args.rounds, lambda: _round(http, args.kickoffs)))
+        full: list[harness.Variant] = [harness.Variant(), _openinference(False), _openinference(True), Agl(False),
+                                       Agl(True)]
+        _report("http, sync", harness.interleave(full, args.rounds, lambda: _round(http, args.kickoffs)))
         if not args.no_async:
-            _report("http, async", asyncio.run(_interleave_async(full, args.rounds,
-                                                                 lambda: _around(http, args.kickoffs))))
-    bare: list[Variant] = [Variant(), OpenInference(False), Agl(False), Agl(True)]
-    _report("offline LLM, sync", _interleave(bare, args.rounds, lambda: _round(offline, args.kickoffs)))
+            _report("http, async", asyncio.run(harness.interleave_async(full, args.rounds,
+                                                                        lambda: _around(http, args.kickoffs))))
+    bare: list[harness.Variant] = [harness.Variant(), _openinference(False), Agl(False), Agl(True)]
+    _report("offline LLM, sync", harness.interleave(bare, args.rounds, lambda: _round(offline, args.kickoffs)))
     if not args.no_async:
-        _report("offline LLM, async", asyncio.run(_interleave_async(bare, args.rounds,
-                                                                    lambda: _around(offline, args.kickoffs))))
+        _report("offline LLM, async", asyncio.run(harness.interleave_async(bare, args.rounds,
+                                                                           lambda: _around(offline, args.kickoffs))))
     for variant in full:
         if isinstance(variant, Agl) and variant.spans:
             print(f"\n{variant.name}: {statistics.median(variant.spans) / args.kickoffs:.1f} spans per kickoff"

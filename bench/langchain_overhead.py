@@ -40,9 +40,7 @@ import contextlib
 import cProfile
 import itertools
 import pstats
-import statistics
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import langchain_core
@@ -51,9 +49,10 @@ from langchain_core.messages import AIMessage
 from langchain_core.runnables import Runnable
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from openinference.instrumentation.langchain import LangChainInstrumentor as OIInstrumentor
+from opentelemetry.sdk.trace import TracerProvider
 
+import harness
 from agl_core import collector
 from agl_core.rollouts import rollout
 from agl_langchain import LangChainInstrumentor
@@ -90,47 +89,10 @@ async def acall() -> None:
     await get_weather.ainvoke(message.tool_calls[0])
 
 
-class NullExporter(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
-
-
-def _provider() -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(NullExporter()))
-    return provider
-
-
 # --------------------------------------------------------------------------- variants
 
 
-class Variant:
-    name = "none"
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        yield
-
-
-class OpenInference(Variant):
-    name = "openinference"
-
-    def __init__(self) -> None:
-        from openinference.instrumentation.langchain import LangChainInstrumentor as OIInstrumentor
-
-        self.instrumentor = OIInstrumentor()
-        self.provider = _provider()
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        self.instrumentor.instrument(tracer_provider=self.provider, skip_dep_check=True)
-        try:
-            yield
-        finally:
-            self.instrumentor.uninstrument()
-
-
-class Agl(Variant):
+class Agl(harness.Variant):
     name = "agl"
 
     def __init__(self, provider: TracerProvider | None = None) -> None:
@@ -156,84 +118,11 @@ class Agl(Variant):
             collector.use_provider(None)
 
 
-# --------------------------------------------------------------------------- timing
-
-
-Timing = tuple[float, float]  # (wall, process CPU) µs per call of one round
-
-
-def _round_sync(calls: int) -> Timing:
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(calls):
-        call()
-    return (time.perf_counter() - wall) / calls * 1e6, (time.process_time() - cpu) / calls * 1e6
-
-
-async def _round_async(calls: int) -> Timing:
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(calls):
-        await acall()
-    return (time.perf_counter() - wall) / calls * 1e6, (time.process_time() - cpu) / calls * 1e6
-
-
-Times = dict[str, list[Timing]]
-
-
-def _interleave(variants: Sequence[Variant], rounds: int, run: Callable[[], Timing]) -> Times:
-    times: Times = {v.name: [] for v in variants}
-    for r in range(rounds + 1):  # round 0 warms up every variant and is dropped
-        for i in range(len(variants)):
-            variant = variants[(r + i) % len(variants)]
-            with variant.active():
-                timing = run()
-            if r:
-                times[variant.name].append(timing)
-    return times
-
-
-async def _interleave_async(variants: Sequence[Variant], rounds: int, calls: int) -> Times:
-    # the same loop, with each variant switched on inside the task that makes the calls,
-    # so the rollout context agl reads is the one the calls run in
-    times: Times = {v.name: [] for v in variants}
-    for r in range(rounds + 1):
-        for i in range(len(variants)):
-            variant = variants[(r + i) % len(variants)]
-            with variant.active():
-                timing = await _round_async(calls)
-            if r:
-                times[variant.name].append(timing)
-    return times
-
-
-def _report(title: str, times: Times) -> None:
-    """Per variant: median µs/call, and its overhead as the median over rounds of (variant - baseline) in the
-    same round, in wall time and in the process's CPU time (the steadier figure on a shared machine)."""
-    base = times["none"]
-    base_wall, base_cpu = (statistics.median(b[k] for b in base) for k in (0, 1))
-    print(f"\n{title}  ({len(base)} rounds; µs per chat+tool call)")
-    print(f"  {'variant':<14} {'wall median':>12} {'wall overhead':>22} {'CPU overhead':>22}")
-    overhead: dict[str, tuple[float, float]] = {}
-    for name, values in times.items():
-        wall = statistics.median(v[0] for v in values)
-        if name == "none":
-            print(f"  {name:<14} {wall:12.1f}")
-            continue
-        extra = tuple(statistics.median(v[k] - b[k] for v, b in zip(values, base, strict=True)) for k in (0, 1))
-        overhead[name] = (extra[0], extra[1])
-        print(f"  {name:<14} {wall:12.1f} {extra[0]:+13.1f} ({extra[0] / base_wall:+6.1%})"
-              f" {extra[1]:+13.1f} ({extra[1] / base_cpu:+6.1%})")
-    oi = overhead.get("openinference")
-    for name in ("agl", "agl-sdk"):
-        if name in overhead and oi is not None:
-            ratios = [f"{label} {overhead[name][k] / oi[k]:.2f}" for k, label in ((0, "wall"), (1, "CPU")) if oi[k] > 0]
-            print(f"  {name} overhead / OpenInference overhead: {', '.join(ratios)}  (target <= 0.20)")
-
-
 def _profile(agl: Agl, calls: int) -> None:
     profiler = cProfile.Profile()
     with agl.active():
         profiler.enable()
-        _round_sync(calls)
+        harness.time_calls(call, calls)
         profiler.disable()
     stats = pstats.Stats(profiler)
     stats.sort_stats("tottime").print_stats(r"agl_core|agl_langchain|opentelemetry", 25)
@@ -249,13 +138,17 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     import openinference.instrumentation.langchain as oi
 
-    agl, agl_sdk = Agl(), Agl(_provider())
-    variants: list[Variant] = [Variant(), OpenInference(), agl, agl_sdk]
+    agl, agl_sdk = Agl(), Agl(harness.sdk_provider())
+    openinference = harness.OpenInference("openinference", [OIInstrumentor()])
+    variants: list[harness.Variant] = [harness.Variant(), openinference, agl, agl_sdk]
     print(f"langchain-core {langchain_core.__version__}, openinference-instrumentation-langchain "
           f"{getattr(oi, '__version__', '?')}; {args.rounds} rounds x {args.calls} calls per variant")
-    _report("sync: invoke + tool.invoke", _interleave(variants, args.rounds, lambda: _round_sync(args.calls)))
+    times = harness.interleave(variants, args.rounds, lambda: harness.time_calls(call, args.calls))
+    harness.report("sync: invoke + tool.invoke", times, unit="chat+tool call", target=0.2)
     if not args.no_async:
-        _report("async: ainvoke + tool.ainvoke", asyncio.run(_interleave_async(variants, args.rounds, args.calls)))
+        times = asyncio.run(harness.interleave_async(variants, args.rounds,
+                                                     lambda: harness.time_calls_async(acall, args.calls)))
+        harness.report("async: ainvoke + tool.ainvoke", times, unit="chat+tool call", target=0.2)
     calls = (args.rounds + 1) * args.calls * (1 if args.no_async else 2)
     leftover = len(agl.instrumentor.handler.runs) if agl.instrumentor.handler is not None else 0
     print(f"\nagl's in-flight run map after {2 * calls} chat+tool calls: peak between rounds "

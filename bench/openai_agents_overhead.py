@@ -39,9 +39,7 @@ import contextlib
 import cProfile
 import os
 import pstats
-import statistics
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import agents
@@ -58,9 +56,9 @@ from agents import (
 from agents.models.interface import Model
 from openai import AsyncOpenAI
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor as OIInstrumentor
 
+import harness
 from agl_core import collector, rollout
 from agl_core.testing import FakeOpenAI
 from agl_openai_agents import OpenAIAgentsInstrumentor
@@ -111,54 +109,31 @@ class InProcessModel(Model):
         yield
 
 
-class NullExporter(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
-
-
-def _provider() -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(NullExporter()))
-    return provider
-
-
 # --------------------------------------------------------------------------- variants
 
 
-class Variant:
-    name = "none"
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        yield
-
-
-class OpenInference(Variant):
-    name = "openinference"
+class OpenInference(harness.OpenInference):
+    """OpenInference's trace processor; once it is off, the SDK is left with no processor, as for ``none``."""
 
     def __init__(self) -> None:
-        from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor as OIInstrumentor
-
-        self.instrumentor = OIInstrumentor()
-        self.provider = _provider()
+        super().__init__("openinference", [OIInstrumentor()])
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        self.instrumentor.instrument(tracer_provider=self.provider, skip_dep_check=True)
         try:
-            yield
+            with super().active():
+                yield
         finally:
-            self.instrumentor.uninstrument()
             set_trace_processors([])
 
 
-class Agl(Variant):
+class Agl(harness.Variant):
     """agl's plugin; ``sdk_provider`` False is agl's default when the user set no SDK provider: its own tracer."""
 
     def __init__(self, sdk_provider: bool = True) -> None:
         self.name = "agl" if sdk_provider else "agl-own-tracer"
         self.instrumentor = OpenAIAgentsInstrumentor()
-        self.provider = _provider() if sdk_provider else None
+        self.provider = harness.sdk_provider() if sdk_provider else None
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -174,81 +149,16 @@ class Agl(Variant):
 # --------------------------------------------------------------------------- timing
 
 
-Timing = tuple[float, float]  # (wall, process CPU) µs per turn of one round
-Times = dict[str, list[Timing]]
+def _round_sync(agent: Agent[Any], turns: int) -> harness.Timing:
+    return harness.time_calls(lambda: Runner.run_sync(agent, QUESTION), turns)
 
 
-def _round_sync(agent: Agent[Any], turns: int) -> Timing:
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(turns):
-        Runner.run_sync(agent, QUESTION)
-    return (time.perf_counter() - wall) / turns * 1e6, (time.process_time() - cpu) / turns * 1e6
+async def _round_async(agent: Agent[Any], turns: int) -> harness.Timing:
+    return await harness.time_calls_async(lambda: Runner.run(agent, QUESTION), turns)
 
 
-async def _round_async(agent: Agent[Any], turns: int) -> Timing:
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(turns):
-        await Runner.run(agent, QUESTION)
-    return (time.perf_counter() - wall) / turns * 1e6, (time.process_time() - cpu) / turns * 1e6
-
-
-def _interleave(variants: Sequence[Variant], rounds: int, run: Callable[[], Timing]) -> Times:
-    times: Times = {v.name: [] for v in variants}
-    for r in range(rounds + 1):  # round 0 warms up every variant and is dropped
-        for i in range(len(variants)):
-            variant = variants[(r + i) % len(variants)]
-            with variant.active():
-                timing = run()
-            if r:
-                times[variant.name].append(timing)
-    return times
-
-
-async def _interleave_async(variants: Sequence[Variant], rounds: int,
-                            run: Callable[[], Awaitable[Timing]]) -> Times:
-    # as _interleave, but each variant is switched on inside the task that runs the agent, so the rollout
-    # context agl reads is the one the turns run in
-    times: Times = {v.name: [] for v in variants}
-    for r in range(rounds + 1):
-        for i in range(len(variants)):
-            variant = variants[(r + i) % len(variants)]
-            with variant.active():
-                timing = await run()
-            if r:
-                times[variant.name].append(timing)
-    return times
-
-
-def _report(title: str, times: Times) -> None:
-    """Per variant: median µs per turn, and its overhead as the median over rounds of (variant - baseline) in
-    the same round, in wall time and in the process's CPU time (client, SDK and fake server together), plus the
-    CPU overhead of the best rounds (fastest variant round - fastest baseline round). CPU time leaves out what
-    other processes take from this one, and the best rounds what they take from its caches, so these are the
-    steadier figures on a shared machine; wall time is what an agent waits."""
-    base = times["none"]
-    print(f"\n{title}  ({len(base)} rounds; µs per agent turn = 2 model calls + 1 tool call)")
-    print(f"  {'variant':<15} {'wall median':>11} {'wall overhead':>21} {'CPU overhead':>21} {'CPU, best rounds':>21}")
-    overhead: dict[str, tuple[float, float, float]] = {}
-    base_wall, base_cpu = (statistics.median(b[k] for b in base) for k in (0, 1))
-    best_base = min(b[1] for b in base)
-    for name, values in times.items():
-        wall = statistics.median(v[0] for v in values)
-        if name == "none":
-            print(f"  {name:<15} {wall:11.1f}")
-            continue
-        wall_extra, cpu_extra = (statistics.median(v[k] - b[k] for v, b in zip(values, base, strict=True))
-                                 for k in (0, 1))
-        best_extra = min(v[1] for v in values) - best_base
-        overhead[name] = (wall_extra, cpu_extra, best_extra)
-        print(f"  {name:<15} {wall:11.1f} {wall_extra:+12.1f} ({wall_extra / base_wall:+6.1%})"
-              f" {cpu_extra:+12.1f} ({cpu_extra / base_cpu:+6.1%})"
-              f" {best_extra:+12.1f} ({best_extra / best_base:+6.1%})")
-    for agl in ("agl", "agl-own-tracer"):
-        if agl in overhead and "openinference" in overhead:
-            ratios = [f"{label} {overhead[agl][k] / overhead['openinference'][k]:.2f}"
-                      for k, label in ((0, "wall"), (1, "CPU"), (2, "CPU best rounds"))
-                      if overhead["openinference"][k] > 0]
-            print(f"  {agl} overhead / OpenInference overhead: {', '.join(ratios)}")
+def _report(title: str, times: harness.Times) -> None:
+    harness.report(title, times, unit="agent turn = 2 model calls + 1 tool call", best_rounds=True)
 
 
 def _profile(agent: Agent[Any], agl: Agl, turns: int) -> None:
@@ -271,23 +181,23 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     os.environ.pop("OPENAI_API_KEY", None)  # nothing may ever be exported to the vendor ...
     set_trace_processors([])  # ... and tracing stays on with no processor: the SDK's default exporter is gone
-    variants: list[Variant] = [Variant(), OpenInference(), Agl(), Agl(sdk_provider=False)]
+    variants: list[harness.Variant] = [harness.Variant(), OpenInference(), Agl(), Agl(sdk_provider=False)]
     print(f"openai-agents {agents.__version__}, {args.rounds} rounds x {args.turns} turns per variant")
 
     in_process = Agent(name="Forecaster", instructions="Answer briefly.", tools=[get_weather],
                        model=InProcessModel())
     _report("in-process model, sync (Runner.run_sync)",
-            _interleave(variants, args.rounds, lambda: _round_sync(in_process, args.turns)))
+            harness.interleave(variants, args.rounds, lambda: _round_sync(in_process, args.turns)))
     _report("in-process model, async (await Runner.run)",
-            asyncio.run(_interleave_async(variants, args.rounds, lambda: _round_async(in_process, args.turns))))
+            asyncio.run(harness.interleave_async(variants, args.rounds, lambda: _round_async(in_process, args.turns))))
 
     if not args.no_http:
         with FakeOpenAI(script=script) as srv:
-            async def http_round() -> Times:  # the client's connections belong to this one loop
+            async def http_round() -> harness.Times:  # the client's connections belong to this one loop
                 client = AsyncOpenAI(base_url=srv.url, api_key="not-a-key", max_retries=0)
                 agent = Agent(name="Forecaster", instructions="Answer briefly.", tools=[get_weather],
                               model=OpenAIChatCompletionsModel("fake-model", client))
-                return await _interleave_async(variants, args.rounds, lambda: _round_async(agent, args.turns))
+                return await harness.interleave_async(variants, args.rounds, lambda: _round_async(agent, args.turns))
 
             _report("OpenAIChatCompletionsModel over HTTP to the fake server, async (await Runner.run)",
                     asyncio.run(http_round()))

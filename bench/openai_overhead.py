@@ -33,15 +33,15 @@ import pstats
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import openai
+from openinference.instrumentation.openai import OpenAIInstrumentor as OIInstrumentor
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
+import harness
 from agl_core import collector
 from agl_core.openai_client import OpenAIInstrumentor
 from agl_core.rollouts import rollout
@@ -65,47 +65,10 @@ def request() -> dict[str, Any]:
     return {**REQUEST, "messages": [*MESSAGES[:-1], question]}
 
 
-class NullExporter(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
-
-
-def _provider() -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(NullExporter()))
-    return provider
-
-
 # --------------------------------------------------------------------------- variants
 
 
-class Variant:
-    name = "none"
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        yield
-
-
-class OpenInference(Variant):
-    name = "openinference"
-
-    def __init__(self) -> None:
-        from openinference.instrumentation.openai import OpenAIInstrumentor as OIInstrumentor
-
-        self.instrumentor = OIInstrumentor()
-        self.provider = _provider()
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        self.instrumentor.instrument(tracer_provider=self.provider, skip_dep_check=True)
-        try:
-            yield
-        finally:
-            self.instrumentor.uninstrument()
-
-
-class Agl(Variant):
+class Agl(harness.Variant):
     """The agl plugin inside an open ``agl.rollout``.
 
     ``sdk=False`` is agl as most users run it: no OpenTelemetry SDK provider is set, so agl records
@@ -116,7 +79,7 @@ class Agl(Variant):
     def __init__(self, sdk: bool) -> None:
         self.name = "agl+sdk" if sdk else "agl"
         self.instrumentor = OpenAIInstrumentor()
-        self.provider = _provider() if sdk else None
+        self.provider = harness.sdk_provider() if sdk else None
         self.end_us: list[float] = []  # per call: closing the rollout (spans -> records), no store
         self.store_us: list[float] = []  # per call: closing the rollout with the SQLite store write
         self._tmp = tempfile.TemporaryDirectory()
@@ -158,82 +121,25 @@ class Agl(Variant):
 # --------------------------------------------------------------------------- timing
 
 
-Timing = tuple[float, float]  # (wall, process CPU) µs per call of one round
+# create is looked up each round: the agl plugin wraps it on the class while its variant is active
 
 
-def _round_sync(client: openai.OpenAI, calls: int) -> Timing:
+def _round_sync(client: openai.OpenAI, calls: int) -> harness.Timing:
     create = client.chat.completions.create
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(calls):
-        create(**request())
-    return (time.perf_counter() - wall) / calls * 1e6, (time.process_time() - cpu) / calls * 1e6
+    return harness.time_calls(lambda: create(**request()), calls)
 
 
-async def _round_async(client: openai.AsyncOpenAI, calls: int) -> Timing:
+async def _round_async(client: openai.AsyncOpenAI, calls: int) -> harness.Timing:
     create = client.chat.completions.create
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(calls):
-        await create(**request())
-    return (time.perf_counter() - wall) / calls * 1e6, (time.process_time() - cpu) / calls * 1e6
+    return await harness.time_calls_async(lambda: create(**request()), calls)
 
 
-Times = dict[str, list[Timing]]
-
-
-def _interleave(variants: Sequence[Variant], rounds: int, run: Callable[[], Timing]) -> Times:
-    times: Times = {v.name: [] for v in variants}
-    for r in range(rounds + 1):  # round 0 warms up every variant and is dropped
-        for i in range(len(variants)):
-            variant = variants[(r + i) % len(variants)]
-            with variant.active():
-                timing = run()
-            if r:
-                times[variant.name].append(timing)
-    return times
-
-
-async def _interleave_async(variants: Sequence[Variant], rounds: int, url: str, calls: int) -> Times:
-    # the same loop as _interleave, but each variant is switched on inside the task that makes the calls,
-    # so the rollout context agl reads is the one the calls run in
+async def _interleave_async(variants: Sequence[harness.Variant], rounds: int, url: str, calls: int) -> harness.Times:
     client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
-    times: Times = {v.name: [] for v in variants}
-    for r in range(rounds + 1):
-        for i in range(len(variants)):
-            variant = variants[(r + i) % len(variants)]
-            with variant.active():
-                timing = await _round_async(client, calls)
-            if r:
-                times[variant.name].append(timing)
-    return times
+    return await harness.interleave_async(variants, rounds, lambda: _round_async(client, calls))
 
 
-def _report(title: str, times: Times) -> None:
-    """Per variant: median µs/call, and its overhead as the median over rounds of (variant - baseline)
-    in the same round, in wall time and in the process's CPU time (client and fake server together).
-    CPU time leaves out what other processes take from this one, so it is the steadier figure on a
-    shared machine; wall time is what an agent waits."""
-    base = times["none"]
-    print(f"\n{title}  ({len(base)} rounds; µs per call)")
-    print(f"  {'variant':<14} {'wall median':>12} {'wall overhead':>22} {'CPU overhead':>22}")
-    overhead: dict[str, tuple[float, float]] = {}
-    for name, values in times.items():
-        wall = statistics.median(v[0] for v in values)
-        if name == "none":
-            print(f"  {name:<14} {wall:12.1f}")
-            continue
-        extra = tuple(statistics.median(v[k] - b[k] for v, b in zip(values, base, strict=True)) for k in (0, 1))
-        overhead[name] = (extra[0], extra[1])
-        base_wall, base_cpu = (statistics.median(b[k] for b in base) for k in (0, 1))
-        print(f"  {name:<14} {wall:12.1f} {extra[0]:+13.1f} ({extra[0] / base_wall:+6.1%})"
-              f" {extra[1]:+13.1f} ({extra[1] / base_cpu:+6.1%})")
-    for name in ("agl", "agl+sdk"):
-        if name in overhead and "openinference" in overhead:
-            ratios = [f"{label} {overhead[name][k] / overhead['openinference'][k]:.2f}"
-                      for k, label in ((0, "wall"), (1, "CPU")) if overhead["openinference"][k] > 0]
-            print(f"  {name} overhead / OpenInference overhead: {', '.join(ratios)}  (target <= 0.20)")
-
-
-def _rollout_end_cost(variants: Sequence[Variant]) -> None:
+def _rollout_end_cost(variants: Sequence[harness.Variant]) -> None:
     for v in variants:
         if isinstance(v, Agl) and v.end_us and v.store_us:
             print(f"\n{v.name}: closing the rollout, per call: spans -> records {statistics.median(v.end_us):.1f} µs;"
@@ -252,16 +158,6 @@ def _canned_completion() -> Any:
         "usage": {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52},
         "prompt_token_ids": tokenize(render_prompt(MESSAGES)),
     })
-
-
-def _median_us(fn: Callable[[], Any], calls: int, repeats: int = 15) -> float:
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        runs.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(runs)
 
 
 def _hooks_alone(calls: int) -> dict[str, float]:
@@ -298,7 +194,7 @@ def _hooks_alone(calls: int) -> dict[str, float]:
     def bare_request(*a: Any, **k: Any) -> Any:
         return completion
 
-    oi_provider = _provider()
+    oi_provider = harness.sdk_provider()
     oi_tracer: Any = OITracer(oi_provider.get_tracer("bench"), config=TraceConfig())
     oi_hook = _Request(tracer=oi_tracer, openai=openai)
 
@@ -325,14 +221,14 @@ def _hooks_alone(calls: int) -> dict[str, float]:
         times[mode.name] = []
         times[mode.name + " span"] = []
     for _ in range(5):
-        times["none"].append(_median_us(lambda: bare_request(*args, **kwargs), calls, 3))
-        times["none_create"].append(_median_us(lambda: bare_create(resource, **request()), calls, 3))
-        times["openinference"].append(_median_us(lambda: oi_hook(bare_request, client, args, kwargs), calls, 3))
+        times["none"].append(harness.median_us(lambda: bare_request(*args, **kwargs), calls))
+        times["none_create"].append(harness.median_us(lambda: bare_create(resource, **request()), calls))
+        times["openinference"].append(harness.median_us(lambda: oi_hook(bare_request, client, args, kwargs), calls))
         for mode in modes:
             collector.use_provider(mode.provider)
             with mode._rollout():
-                times[mode.name].append(_median_us(lambda: agl_create(resource, **request()), calls, 3))
-                times[mode.name + " span"].append(_median_us(span_only, calls, 3))
+                times[mode.name].append(harness.median_us(lambda: agl_create(resource, **request()), calls))
+                times[mode.name + " span"].append(harness.median_us(span_only, calls))
             collector.use_provider(None)
     base = statistics.median(times["none"])
     oi = statistics.median(times["openinference"]) - base
@@ -347,7 +243,7 @@ def _hooks_alone(calls: int) -> dict[str, float]:
     return costs
 
 
-def _with_store(variants: Sequence[Variant], hooks: dict[str, float]) -> None:
+def _with_store(variants: Sequence[harness.Variant], hooks: dict[str, float]) -> None:
     """agl's whole cost per call: its hook plus its share of closing the rollout with the SQLite write."""
     oi = hooks["openinference"]
     print("\nper call including the store write (hook + rollout close with transitions + SQLite), µs:")
@@ -376,13 +272,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     agl = Agl(sdk=False)
-    variants: list[Variant] = [Variant(), OpenInference(), agl, Agl(sdk=True)]
+    openinference = harness.OpenInference("openinference", [OIInstrumentor()])
+    variants: list[harness.Variant] = [harness.Variant(), openinference, agl, Agl(sdk=True)]
     with FakeOpenAI() as srv:
         client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0)
         print(f"openai {openai.__version__}, {args.rounds} rounds x {args.calls} calls per variant")
-        _report("sync", _interleave(variants, args.rounds, lambda: _round_sync(client, args.calls)))
+        harness.report("sync", harness.interleave(variants, args.rounds, lambda: _round_sync(client, args.calls)),
+                       target=0.2)
         if not args.no_async:
-            _report("async", asyncio.run(_interleave_async(variants, args.rounds, srv.url, args.calls)))
+            harness.report("async", asyncio.run(_interleave_async(variants, args.rounds, srv.url, args.calls)),
+                           target=0.2)
         _rollout_end_cost(variants)
         _with_store(variants, _hooks_alone(args.calls))
         if args.profile:
