@@ -25,8 +25,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agl_core import semconv
+from agl_core.encoding import MessageMemo, dumps, sampling_attributes, span_text
 from agl_core.messages import to_genai
-from agl_core.openai_client.attributes import dumps, sampler_attributes, set_on
+from agl_core.openai_client.attributes import sampler_attributes, set_on
 
 __all__ = [
     "Attributes",
@@ -47,7 +48,6 @@ Attributes = dict[str, Any]
 
 PLUGIN = "autogen"
 _FINISH = {"function_calls": "tool_calls"}  # AutoGen's name -> OpenAI's (and the conventions')
-_MEMO_CHARS = 8_000_000  # bound on what the message memo holds; past it, it starts over
 
 
 # --------------------------------------------------------------------------- messages
@@ -110,33 +110,11 @@ def _memo_key(message: Any) -> tuple[Any, ...] | None:
     return None
 
 
-class _MessageMemo:
-    """JSON of already-seen messages, keyed by their field values (an edited message is a new key, never stale)."""
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple[Any, ...], str] = {}
-        self.chars = 0
-
-    def encode(self, messages: Iterable[Any]) -> str:
-        entries = self.entries
-        parts = []
-        for message in messages:
-            key = _memo_key(message)
-            text = entries.get(key) if key is not None else None
-            if text is None:
-                text = ",".join(dumps(to_genai(m)) for m in to_openai(message))
-                if key is not None:
-                    if self.chars > _MEMO_CHARS:
-                        entries.clear()
-                        self.chars = 0
-                    entries[key] = text
-                    self.chars += len(text)
-            if text:
-                parts.append(text)
-        return "[" + ",".join(parts) + "]"
+def _message_json(message: Any) -> str:
+    return ",".join(dumps(to_genai(m)) for m in to_openai(message))
 
 
-_memo = _MessageMemo()
+_memo = MessageMemo(_memo_key, _message_json)
 input_messages_json = _memo.encode
 """``gen_ai.input.messages`` for a list of ``LLMMessage``: ``dumps(many_to_genai(openai messages))``."""
 
@@ -199,14 +177,6 @@ def _common(client: Any) -> Attributes:
     return attrs
 
 
-_FLOAT_PARAMS = (("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE), ("top_p", semconv.GEN_AI_REQUEST_TOP_P))
-_INT_PARAMS = (
-    ("seed", semconv.GEN_AI_REQUEST_SEED),
-    ("max_completion_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
-    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
-)
-
-
 def _create_args(client: Any, extra: Any) -> Mapping[str, Any]:
     """The client's own create arguments (OpenAI-style clients keep them) overlaid with the call's extra ones."""
     args = getattr(client, "_create_args", None)
@@ -237,15 +207,7 @@ def request_attributes(client: Any, messages: Any, tools: Any, extra_create_args
     if model is not None:
         attrs[semconv.GEN_AI_REQUEST_MODEL] = model
     if args:
-        get = args.get
-        for key, name in _FLOAT_PARAMS:
-            number = get(key)
-            if isinstance(number, (int, float)) and type(number) is not bool:
-                attrs[name] = float(number)
-        for key, name in _INT_PARAMS:
-            value = get(key)
-            if type(value) is int:
-                attrs[name] = value
+        sampling_attributes(args.get, attrs)
     if agent:
         attrs[semconv.GEN_AI_AGENT_NAME] = agent
     if messages is not None:
@@ -276,15 +238,6 @@ def result_attributes(result: Any) -> Attributes:
 # --------------------------------------------------------------------------- tool calls
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
 def tool_start_attributes(name: str, call_id: str | None, arguments: Any, agent: str | None) -> Attributes:
     """A tool span's start attributes; ``arguments`` is the model's raw string or the parsed mapping."""
     attrs: Attributes = {
@@ -296,7 +249,7 @@ def tool_start_attributes(name: str, call_id: str | None, arguments: Any, agent:
     if call_id:
         attrs[semconv.GEN_AI_TOOL_CALL_ID] = call_id
     if arguments is not None:
-        attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = _text(arguments)
+        attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = span_text(arguments)
     if agent:
         attrs[semconv.GEN_AI_AGENT_NAME] = agent
     return attrs
@@ -306,7 +259,7 @@ def tool_end_attributes(result: Any, status: str, error_type: str | None) -> Att
     """A tool span's end attributes: its result text, agl's outcome and, when it failed, ``error.type``."""
     attrs: Attributes = {semconv.AGL_TOOL_STATUS: status}
     if result is not None:
-        attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = _text(result)
+        attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = span_text(result)
     if error_type is not None:
         attrs[semconv.ERROR_TYPE] = error_type
     return attrs

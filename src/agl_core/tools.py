@@ -13,12 +13,17 @@ result; either becomes an intermediate reward through ``AirRules``.
 
 from __future__ import annotations
 
+import functools
 import json
 from types import TracebackType
 from typing import Any
 
 from agl_core import collector, semconv
+from agl_core.encoding import span_text
 from agl_core.guard import report
+
+# json.dumps's own spacing, and repr for what it cannot encode: what user-recorded tool spans have always held
+_spaced = functools.partial(json.dumps, ensure_ascii=False, default=repr)
 
 
 class ToolCall:
@@ -51,7 +56,7 @@ class ToolCall:
             if self.call_id:
                 attrs[semconv.GEN_AI_TOOL_CALL_ID] = self.call_id
             if self.arguments is not None:
-                attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = _text(self.arguments)
+                attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = span_text(self.arguments, _spaced)
             self._span = collector.tracer().start_span(semconv.tool_span_name(self.name), attributes=attrs)
             self._token = context.attach(trace.set_span_in_context(self._span))
         except Exception as exc:  # noqa: BLE001
@@ -76,21 +81,12 @@ class ToolCall:
                 span.set_attribute(semconv.ERROR_TYPE, "tool_error" if self.status == semconv.TOOL_ERROR else "timeout")
                 span.set_status(Status(StatusCode.ERROR, str(self.result or self.status)))
             if self.result is not None:
-                span.set_attribute(semconv.GEN_AI_TOOL_CALL_RESULT, _text(self.result))
+                span.set_attribute(semconv.GEN_AI_TOOL_CALL_RESULT, span_text(self.result, _spaced))
             span.set_attribute(semconv.AGL_TOOL_STATUS, self.status)
             span.end()
             context.detach(self._token)
         except Exception as err:  # noqa: BLE001
             report("tool_call exit", err)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False, default=repr)
-    except (TypeError, ValueError):
-        return repr(value)
 
 
 def tool_call(name: str, *, call_id: str | None = None, arguments: Any = None) -> ToolCall:

@@ -2,9 +2,9 @@
 
 The LLM-call functions run on every model call, so they read crewai's objects
 attribute by attribute (no ``model_dump``), build each attribute dict once and
-JSON-encode each message attribute once, with the encoder and the message memo
-of the ``openai`` plugin (an agent re-sends its whole conversation on every
-call; the memo keeps that from costing quadratic time).
+JSON-encode each message attribute once, with :mod:`agl_core.encoding`'s
+encoder and the ``openai`` plugin's message memo (an agent re-sends its whole
+conversation on every call; the memo keeps that from costing quadratic time).
 
 crewai hands an LLM its conversation as OpenAI-format message dicts whatever
 the provider, so they need no conversion before :func:`agl_core.messages.to_genai`.
@@ -20,8 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agl_core import semconv
+from agl_core.encoding import dumps, sampling_attributes, span_text
 from agl_core.messages import to_genai
-from agl_core.openai_client.attributes import dumps, input_messages_json
+from agl_core.openai_client.attributes import input_messages_json
 
 Attributes = dict[str, Any]
 
@@ -45,15 +46,6 @@ _PROVIDERS = {
     "perplexity": "perplexity",
 }
 
-_FLOAT_FIELDS = (
-    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
-    ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
-)
-_INT_FIELDS = (
-    ("seed", semconv.GEN_AI_REQUEST_SEED),
-    ("max_completion_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
-    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),  # last: the older name wins when both are set
-)
 _SAMPLER = (semconv.GEN_AI_OPERATION_NAME, semconv.GEN_AI_PROVIDER_NAME, semconv.GEN_AI_REQUEST_MODEL)
 
 
@@ -106,14 +98,7 @@ def llm_request_attributes(llm: Any, messages: Any, tools: Any, agent: Any) -> A
     }
     if isinstance(model, str) and model:
         attrs[semconv.GEN_AI_REQUEST_MODEL] = model
-    for field, key in _FLOAT_FIELDS:
-        value = getattr(llm, field, None)
-        if isinstance(value, (int, float)) and type(value) is not bool:
-            attrs[key] = float(value)
-    for field, key in _INT_FIELDS:
-        value = getattr(llm, field, None)
-        if type(value) is int:
-            attrs[key] = value
+    sampling_attributes(lambda field: getattr(llm, field, None), attrs)
     effective = getattr(llm, "_effective_stream", None)  # crewai's per-call streaming override included
     stream = effective() if callable(effective) else getattr(llm, "stream", None)
     if type(stream) is bool:
@@ -191,7 +176,7 @@ def reply_message(reply: Any) -> dict[str, Any]:
         return {"role": "assistant", "content": dump_json()}
     if reply is None:
         return {"role": "assistant", "content": None}
-    return {"role": "assistant", "content": text(reply)}
+    return {"role": "assistant", "content": span_text(reply)}
 
 
 def asked_tools_message(asked: Sequence[tuple[str, Any]]) -> dict[str, Any]:
@@ -223,16 +208,6 @@ def llm_response_attributes(message: Mapping[str, Any], usage: Any, finish_reaso
 # --------------------------------------------------------------------------- tools
 
 
-def text(value: Any) -> str:
-    """A tool's arguments or result as span text: strings as they are, anything else as JSON."""
-    if isinstance(value, str):
-        return value
-    try:
-        return dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
 def tool_start_attributes(name: str, call_id: str | None, arguments: Any) -> Attributes:
     attrs: Attributes = {
         semconv.GEN_AI_OPERATION_NAME: semconv.OP_EXECUTE_TOOL,
@@ -243,7 +218,7 @@ def tool_start_attributes(name: str, call_id: str | None, arguments: Any) -> Att
     if call_id:
         attrs[semconv.GEN_AI_TOOL_CALL_ID] = call_id
     if arguments is not None:
-        attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = text(arguments)
+        attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = span_text(arguments)
     return attrs
 
 
@@ -259,7 +234,7 @@ def failure_status(failure: Any) -> tuple[str, str, str]:
 def tool_end_attributes(status: str, result: Any, cache_hit: bool) -> Attributes:
     attrs: Attributes = {semconv.AGL_TOOL_STATUS: status, semconv.AGL_TOOL_CACHE_HIT: cache_hit}
     if result is not None:
-        attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = text(result)
+        attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = span_text(result)
     return attrs
 
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from agl_core import semconv
+from agl_core.encoding import MessageMemo, dumps
 from agl_core.messages import to_genai
-from agl_core.openai_client.attributes import dumps
 
 Attributes = dict[str, Any]
 Message = dict[str, Any]
@@ -138,9 +138,6 @@ def input_messages(messages: Iterable[Any]) -> list[Message]:
     return [openai_message(m) for m in messages]
 
 
-_MEMO_CHARS = 4_000_000  # bound on what the memo below holds; past it, it starts over
-
-
 def _plain_key(message: Any) -> tuple[Any, ...] | None:
     """The memo key of a message whose JSON depends on its type, text and ids only; None for any other.
 
@@ -161,40 +158,11 @@ def _plain_key(message: Any) -> tuple[Any, ...] | None:
     return (kind, content)
 
 
-class _InputMemo:
-    """JSON of already-seen plain messages (text content, no tool calls, no extras), keyed by their fields.
-
-    An agent re-sends its whole conversation on every call, so without this each call would convert
-    and encode every earlier message again: quadratic in the length of a rollout. The key is the
-    message's type, text and the ids it carries, all immutable, so an edited message is a new key,
-    never a stale hit; other messages are converted every time.
-    """
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple[Any, ...], str] = {}
-        self.chars = 0
-
-    def encode(self, messages: Iterable[Any]) -> str:
-        entries = self.entries
-        parts = []
-        for message in messages:
-            key = _plain_key(message)
-            if key is not None:
-                text = entries.get(key)
-                if text is None:
-                    text = dumps(to_genai(openai_message(message)))
-                    if self.chars > _MEMO_CHARS:
-                        entries.clear()
-                        self.chars = 0
-                    entries[key] = text
-                    self.chars += len(text)
-            else:
-                text = dumps(to_genai(openai_message(message)))
-            parts.append(text)
-        return "[" + ",".join(parts) + "]"
+def _message_json(message: Any) -> str:
+    return dumps(to_genai(openai_message(message)))
 
 
-input_messages_json = _InputMemo().encode
+input_messages_json = MessageMemo(_plain_key, _message_json, max_chars=4_000_000).encode
 """``gen_ai.input.messages`` of LangChain messages: the same JSON as ``dumps(many_to_genai(input_messages(m)))``."""
 
 

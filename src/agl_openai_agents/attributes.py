@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from agl_core import semconv
+from agl_core.encoding import dumps
 from agl_core.messages import to_genai
-from agl_core.openai_client.attributes import dumps
 
 Attributes = dict[str, Any]
 Message = dict[str, Any]

@@ -567,7 +567,7 @@ def test_uninstrument_restores_every_original() -> None:
 
 
 async def test_no_state_is_left_behind(instrumented: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(attributes, "_MEMO_CHARS", 20_000)
+    monkeypatch.setattr(attributes._memo, "max_chars", 20_000)
     monkeypatch.setattr(attributes._memo, "entries", {})
     monkeypatch.setattr(attributes._memo, "chars", 0)
     plugin_patches = len(instrumentation._active["autogen"]._patches)

@@ -99,7 +99,7 @@ def test_one_agent_with_a_tool(instrumented: list[str], serve: Serve) -> None:
     assert first.prompt[0]["role"] == "system" and "You are Calculator" in first.prompt[0]["content"]
     assert first.tools is not None and first.tools[0]["function"]["name"] == "multiply"
     assert second.response == {"role": "assistant", "content": "The answer is 42."}
-    assert second.prompt[-1] == {"role": "tool", "tool_call_id": "call_1_0", "content": "42"}
+    assert second.prompt[-1] == {"role": "tool", "tool_call_id": "call_1_0", "name": "multiply", "content": "42"}
     assert (first.reward, second.reward, traj.reward) == (0.5, None, 1.0)
     assert traj.skipped == []
 

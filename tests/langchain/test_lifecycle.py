@@ -101,7 +101,7 @@ def test_a_users_tracer_provider_gets_the_same_spans(exporter: InMemorySpanExpor
     assert (tool_span.attributes or {})[semconv.AGL_TOOL_STATUS] == "ok"
     traj = run.trajectory()
     assert [t.agent_name for t in traj.transitions] == ["calc", "calc"]
-    assert traj.transitions[1].prompt[-1] == {"role": "tool", "tool_call_id": "c1", "content": "3"}
+    assert traj.transitions[1].prompt[-1] == {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "3"}
 
 
 # --------------------------------------------------------------------------- nothing left behind

@@ -21,56 +21,15 @@ attributes a sampler may look at (:func:`sampler_attributes`).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agl_core import semconv
+from agl_core.encoding import MessageMemo, dumps, sampling_attributes
 from agl_core.messages import to_genai
 
 Attributes = dict[str, Any]
 
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, type):  # a class, e.g. a pydantic model given as a response_format
-        schema = getattr(value, "model_json_schema", None)
-        return schema() if schema is not None else value.__qualname__
-    dump = getattr(value, "model_dump", None)
-    if dump is not None:
-        return dump(exclude_none=True)
-    if hasattr(value, "__iter__"):
-        return list(value)
-    return str(value)
-
-
-def _make_dumps() -> Callable[[Any], str]:
-    encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False, default=_json_default)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return encoder.encode
-    try:  # JSONEncoder.encode builds this C encoder anew on every call; build it once
-        c_encode = make(None, _json_default, json.encoder.encode_basestring, None, ":", ",", False, False, True)
-    except Exception:  # noqa: BLE001 - another Python's private signature: the public path works too
-        return encoder.encode
-
-    def dumps(value: Any) -> str:
-        return "".join(c_encode(value, 0))
-
-    return dumps
-
-
-dumps = _make_dumps()
-"""Compact, non-ASCII-escaping JSON for span attributes; pydantic objects are dumped, other odd values str()'d."""
-
-_FLOAT_PARAMS = (
-    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
-    ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
-)
-_INT_PARAMS = (
-    ("seed", semconv.GEN_AI_REQUEST_SEED),
-    ("max_completion_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
-    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),  # last: the older name wins when both are given
-)
 _NUMBER = frozenset({int, float})
 _DEFAULT_PORTS = {"https": 443, "http": 80}
 _static: dict[int, tuple[Any, Attributes]] = {}  # id(base_url) -> (base_url, attributes common to its calls)
@@ -99,43 +58,21 @@ def _common(base_url: Any) -> Attributes:
 
 
 _FLAT = frozenset({str, type(None)})
-_MEMO_CHARS = 8_000_000  # bound on what the memo below holds; past it, it starts over
 
 
-class _MessageMemo:
-    """JSON of already-seen messages whose values are all strings (or None), keyed by their items.
+def _flat_key(message: Any) -> tuple[tuple[str, Any], ...] | None:
+    """The memo key of a message dict whose values are all strings (or None): its items; None for any other.
 
-    An agent re-sends its whole conversation on every call, so without this each call would convert
-    and encode every earlier message again: quadratic in the length of a rollout. The key is the
-    message's own ``(key, value)`` pairs, all immutable, so an edited message is a new key, never a
-    stale hit; messages holding lists (content parts, tool calls) are converted every time.
+    Messages holding lists (content parts, tool calls) are converted every time.
     """
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple[tuple[str, Any], ...], str] = {}
-        self.chars = 0
-
-    def encode(self, messages: Iterable[Any]) -> str:
-        entries = self.entries
-        parts = []
-        for message in messages:
-            if type(message) is dict and set(map(type, message.values())) <= _FLAT:
-                key = tuple(message.items())
-                text = entries.get(key)
-                if text is None:
-                    text = dumps(to_genai(message))
-                    if self.chars > _MEMO_CHARS:
-                        entries.clear()
-                        self.chars = 0
-                    entries[key] = text
-                    self.chars += len(text)
-            else:
-                text = dumps(to_genai(message))
-            parts.append(text)
-        return "[" + ",".join(parts) + "]"
+    return tuple(message.items()) if type(message) is dict and set(map(type, message.values())) <= _FLAT else None
 
 
-input_messages_json = _MessageMemo().encode
+def _message_json(message: Any) -> str:
+    return dumps(to_genai(message))
+
+
+input_messages_json = MessageMemo(_flat_key, _message_json).encode
 """``gen_ai.input.messages``: the same JSON as ``dumps(messages.many_to_genai(messages))``."""
 
 
@@ -147,14 +84,7 @@ def request_attributes(params: Mapping[str, Any], base_url: Any) -> Attributes:
     model = get("model")
     if type(model) is str:
         attrs[semconv.GEN_AI_REQUEST_MODEL] = model
-    for key, name in _FLOAT_PARAMS:
-        number = get(key)
-        if isinstance(number, (int, float)) and type(number) is not bool:
-            attrs[name] = float(number)
-    for key, name in _INT_PARAMS:
-        value = get(key)
-        if type(value) is int:
-            attrs[name] = value
+    sampling_attributes(get, attrs)
     messages = get("messages")
     if isinstance(messages, (list, tuple)):
         attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages)

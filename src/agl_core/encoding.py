@@ -1,0 +1,131 @@
+"""Span attribute encoding shared by every plugin.
+
+One compact JSON encoder (:func:`dumps`), the span text of a tool's arguments or
+result (:func:`span_text`), the memo that keeps a re-sent conversation from being
+encoded again on every call (:class:`MessageMemo`), and the request's sampling
+parameters as ``gen_ai.request.*`` attributes (:func:`sampling_attributes`).
+All of it runs on the call's hot path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from agl_core import semconv
+
+__all__ = ["MessageMemo", "dumps", "sampling_attributes", "span_text"]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, type):  # a class, e.g. a pydantic model given as a response_format
+        schema = getattr(value, "model_json_schema", None)
+        return schema() if schema is not None else value.__qualname__
+    dump = getattr(value, "model_dump", None)
+    if dump is not None:
+        return dump(exclude_none=True)
+    if hasattr(value, "__iter__"):
+        return list(value)
+    return str(value)
+
+
+def _make_dumps() -> Callable[[Any], str]:
+    encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False, default=_json_default)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return encoder.encode
+    try:  # JSONEncoder.encode builds this C encoder anew on every call; build it once
+        c_encode = make(None, _json_default, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+    except Exception:  # noqa: BLE001 - another Python's private signature: the public path works too
+        return encoder.encode
+
+    def dumps(value: Any) -> str:
+        return "".join(c_encode(value, 0))
+
+    return dumps
+
+
+dumps = _make_dumps()
+"""Compact, non-ASCII-escaping JSON for span attributes; pydantic objects are dumped, other odd values str()'d."""
+
+
+def span_text(value: Any, encode: Callable[[Any], str] = dumps) -> str:
+    """A tool's arguments or result as span text: strings as they are, anything else as JSON (repr if that fails)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return encode(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class MessageMemo:
+    """JSON of already-seen messages, keyed by ``key(message)``; ``to_json(message)`` encodes one.
+
+    An agent re-sends its whole conversation on every call, so without this each call would convert
+    and encode every earlier message again: quadratic in the length of a rollout. ``key`` must build
+    the key from the message's own immutable values, so an edited message is a new key, never a
+    stale hit; it returns None for a message it cannot key that way, which is then encoded every
+    time. Past ``max_chars`` of held JSON the memo starts over. A message whose JSON is empty (it
+    stands for no messages) adds nothing to the list.
+    """
+
+    def __init__(self, key: Callable[[Any], Hashable | None], to_json: Callable[[Any], str],
+                 max_chars: int = 8_000_000) -> None:
+        self.key = key
+        self.to_json = to_json
+        self.max_chars = max_chars
+        self.entries: dict[Hashable, str] = {}
+        self.chars = 0
+
+    def encode(self, messages: Iterable[Any]) -> str:
+        """The JSON list of the messages' JSON."""
+        entries = self.entries
+        key_of = self.key
+        to_json = self.to_json
+        parts: list[str] = []
+        append = parts.append
+        for message in messages:
+            key = key_of(message)
+            if key is not None:
+                text = entries.get(key)
+                if text is None:
+                    text = to_json(message)
+                    if self.chars > self.max_chars:
+                        entries.clear()
+                        self.chars = 0
+                    entries[key] = text
+                    self.chars += len(text)
+            else:
+                text = to_json(message)
+            if text:
+                append(text)
+        return "[" + ",".join(parts) + "]"
+
+
+_FLOAT_PARAMS = (
+    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
+    ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
+)
+_INT_PARAMS = (
+    ("seed", semconv.GEN_AI_REQUEST_SEED),
+    ("max_completion_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
+    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),  # last: the older name wins when both are given
+)
+
+
+def sampling_attributes(get: Callable[[str], Any], attrs: dict[str, Any]) -> None:
+    """Put the sampling parameters ``get(name)`` finds (temperature, top_p, seed, max tokens) into ``attrs``.
+
+    Floats and ints become ``float`` attributes, ``seed`` and the max-token counts stay ``int``; anything
+    else (None, a bool, a string) is left out.
+    """
+    for key, name in _FLOAT_PARAMS:
+        number = get(key)
+        if isinstance(number, (int, float)) and type(number) is not bool:
+            attrs[name] = float(number)
+    for key, name in _INT_PARAMS:
+        value = get(key)
+        if type(value) is int:
+            attrs[name] = value
