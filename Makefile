@@ -1,5 +1,5 @@
 # Two user-facing targets, both from a fresh clone:
-#   make demo   set up .venv if needed, then run the example agent under agl
+#   make demo   set up the trainer's environment if needed, then train a LangChain agent with RL on the CPU
 #   make test   set up or update the environments, then ruff, mypy --strict on agl_core, and every test suite
 #
 # Environments: .venv holds the whole repository editable with the core's test tools; each framework plugin
@@ -22,10 +22,11 @@ export OMP_NUM_THREADS := 1
 # Hash randomisation stays on: tests must not depend on set or dict-of-str ordering.
 unexport PYTHONHASHSEED
 
-.PHONY: help demo test test-core install clean
+.PHONY: help demo trace-demo test test-core install clean
 
 help:
-	@echo "make demo   set up .venv and run examples/trace_openai_agent.py"
+	@echo "make demo         set up .venvs/trainer and train a LangChain agent with RL on the CPU (agl demo)"
+	@echo "make trace-demo   set up .venv and trace an openai-client agent, printing its transitions"
 	@echo "make test   set up .venv, then ruff check, mypy --strict src/agl_core, pytest"
 
 $(VPY):
@@ -38,7 +39,12 @@ $(STAMP): pyproject.toml | $(VPY)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# The main job: train a LangChain agent with RL on this CPU (agl_trainer.demo); its environment is the trainer's.
+demo: .venvs/trainer/.agl-installed
+	.venvs/trainer/bin/agl demo
+
+# Trace an agent on the plain openai client and print its transitions (no training): the core alone.
+trace-demo: $(STAMP)
 	$(VPY) examples/trace_openai_agent.py
 
 # Plugins with a test suite of their own: tests/<plugin>/requirements.txt marks one.

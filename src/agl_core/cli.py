@@ -1,4 +1,4 @@
-"""``agl``: the command line. ``agl worker ...`` runs here; ``agl serve ...`` is agl-trainer's.
+"""``agl``: the command line. ``agl worker ...`` runs here; ``agl serve ...`` and ``agl demo`` are agl-trainer's.
 
 Each command's module is imported only when that command runs, so ``agl worker``
 needs nothing beyond agl-core.
@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     # name: (module with main(argv), distribution that ships it, what it does)
     "worker": ("agl_core.worker", "agl-core", "lease tasks from an agl server and run an agent on each"),
     "serve": ("agl_trainer.cli", "agl-trainer", "the trainer server: task queue, rollouts and the gateway"),
+    "demo": ("agl_trainer.demo.run", "agl-trainer", "train a LangChain agent with RL on this CPU, in minutes"),
 }
 
 

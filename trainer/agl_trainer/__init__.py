@@ -8,8 +8,20 @@
   in front of vLLM-style servers (:mod:`agl_trainer.upstream`) or the built-in
   torch engine (:mod:`agl_trainer.engine`).
 
+Training (LightningRL), each stage its own module:
+
+- :mod:`agl_trainer.advantages`: per-rollout advantages grouped by task (GRPO), over
+  core's credit assignment (:mod:`agl_core.credit`);
+- :mod:`agl_trainer.rows`: training rows per transition or per trajectory, tool tokens masked;
+- :mod:`agl_trainer.loss`: PPO-clip against the gateway's sampling logprobs, KL to a reference;
+- :mod:`agl_trainer.torch_backend`: the built-in backend (any Hugging Face causal LM, LoRA,
+  checkpoints, new weights into the engine after each step);
+- :mod:`agl_trainer.verl_backend`: rows as verl's ``DataProto``, and the verl recipe;
+- :mod:`agl_trainer.training`: the loop over the server (enqueue, collect, score, rows,
+  update, publish);
+- :mod:`agl_trainer.demo`: ``agl demo``, a LangChain agent that learns on a CPU in minutes.
+
 The client side (``agl.HttpStore``, ``agl worker``) lives in ``agl_core``.
-Credit assignment, advantages and the training backends come next (issue 8).
 """
 
 __version__ = "0.1.0"

@@ -1,0 +1,89 @@
+"""The reward curve as a PNG: matplotlib when it is installed, else a small plot drawn pixel by pixel.
+
+The fallback needs nothing beyond the standard library (``zlib`` for the PNG), so the
+demo always leaves a picture behind.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+
+__all__ = ["write_curve"]
+
+
+def write_curve(path: str | os.PathLike[str], steps: Sequence[int], series: dict[str, Sequence[float]], *,
+                title: str = "", target: float | None = None) -> str:
+    """Plot each named series against ``steps`` into ``path``; return which writer drew it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _write_plain(path, steps, series, target)
+        return "plain"
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for name, values in series.items():
+        ax.plot(list(steps), list(values), marker="o", markersize=3, label=name)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean per rollout")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(os.fspath(path))
+    plt.close(fig)
+    return "matplotlib"
+
+
+_COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40)]
+
+
+def _write_plain(path: str | os.PathLike[str], steps: Sequence[int], series: dict[str, Sequence[float]],
+                 target: float | None) -> None:
+    width, height, margin = 640, 360, 30
+    pixels = [[(255, 255, 255)] * width for _ in range(height)]
+    values = [v for vs in series.values() for v in vs] + ([target] if target is not None else [])
+    low, high = min([0.0, *values]), max([1.0, *values])
+    first, last = (min(steps), max(steps)) if steps else (0, 1)
+    span_x = max(last - first, 1)
+
+    def xy(step: float, value: float) -> tuple[int, int]:
+        x = margin + (step - first) / span_x * (width - 2 * margin)
+        y = height - margin - (value - low) / (high - low) * (height - 2 * margin)
+        return int(round(x)), int(round(y))
+
+    def line(a: tuple[int, int], b: tuple[int, int], colour: tuple[int, int, int]) -> None:
+        n = max(abs(b[0] - a[0]), abs(b[1] - a[1]), 1)
+        for i in range(n + 1):
+            x = a[0] + (b[0] - a[0]) * i // n
+            y = a[1] + (b[1] - a[1]) * i // n
+            for dx, dy in ((0, 0), (1, 0), (0, 1)):
+                if 0 <= x + dx < width and 0 <= y + dy < height:
+                    pixels[y + dy][x + dx] = colour
+
+    grey = (160, 160, 160)
+    line(xy(first, low), xy(last, low), grey)
+    line(xy(first, low), xy(first, high), grey)
+    if target is not None:
+        for x in range(margin, width - margin, 8):
+            y = xy(first, target)[1]
+            line((x, y), (x + 3, y), grey)
+    for k, values_k in enumerate(series.values()):
+        points = [xy(s, v) for s, v in zip(steps, values_k, strict=False)]
+        for a, b in zip(points, points[1:], strict=False):
+            line(a, b, _COLOURS[k % len(_COLOURS)])
+    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in pixels)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) \
+        + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    with open(path, "wb") as f:
+        f.write(png)

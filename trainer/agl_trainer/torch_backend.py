@@ -1,0 +1,302 @@
+"""The built-in training backend: any Hugging Face causal LM, on CPU or one GPU, updated with PPO-clip.
+
+:class:`TorchBackend` holds the model being trained (its own copy: the engine that
+serves the agents keeps generating from its weights while a step runs), its
+optimizer and, with ``kl_coef``, a frozen reference copy. Per step:
+
+1. rows whose sampling logprobs were not recorded get them from the current weights
+   (so their ratio starts at 1), and with ``kl_coef`` every row gets the reference's;
+2. ``epochs`` passes over the rollouts in ``minibatches`` parts, one optimizer step per
+   part, each part's rows in micro-batches of at most ``max_tokens_per_forward`` tokens
+   whose gradients add up to the part's (the loss is divided by the part's rollouts);
+3. :meth:`publish` copies the new weights into the serving engine in place
+   (:meth:`agl_trainer.engine.TorchEngine.swap_weights`), so the next rollouts sample
+   from them: on-policy.
+
+LoRA (``lora=LoraOptions(...)``, needs ``peft``): only the adapters train; the engine
+is served merged weights (base + the adapters' delta), computed without touching the
+trained model.
+
+:meth:`save` and :meth:`load` checkpoint weights, optimizer state, step and version,
+so a run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agl_trainer.loss import policy_loss, token_logprobs
+from agl_trainer.rows import Row
+
+__all__ = ["LoraOptions", "TorchBackend", "TorchConfig"]
+
+
+@dataclass
+class LoraOptions:
+    """LoRA adapters (peft) on the named modules."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class TorchConfig:
+    """How the torch backend updates the policy."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    epochs: int = 1
+    minibatches: int = 1
+    max_grad_norm: float | None = 1.0
+    max_tokens_per_forward: int = 16384
+    lora: LoraOptions | None = None
+
+
+class TorchBackend:
+    """Trains ``model`` (a Hugging Face causal LM) on :class:`~agl_trainer.rows.Row` batches."""
+
+    def __init__(self, model: Any, config: TorchConfig | None = None, *, device: str | None = None,
+                 pad_id: int = 0) -> None:
+        import torch
+
+        self.torch = torch
+        self.config = config or TorchConfig()
+        self.device = torch.device(device) if device else next(model.parameters()).device
+        self.pad_id = pad_id
+        model = model.to(self.device)
+        self.ref_model: Any = None
+        if self.config.kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        if self.config.lora is not None:
+            model = _with_lora(model, self.config.lora)
+        self.model = model
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=self.config.betas,
+                                           weight_decay=self.config.weight_decay)
+        self.step = 0
+        self.version = 0
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, rows: Sequence[Row]) -> dict[str, float]:
+        """One training step over ``rows``; returns the step's metrics."""
+        torch = self.torch
+        started = time.perf_counter()
+        rows = [r for r in rows if r.loss_tokens]
+        if not rows:
+            return {"rows": 0.0}
+        self._fill_old_logprobs(rows)
+        ref = self._ref_logprobs(rows) if self.ref_model is not None else None
+        by_rollout: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            by_rollout.setdefault(r.rollout_id, []).append(i)
+        rollout_ids = list(by_rollout)
+        parts = max(1, min(self.config.minibatches, len(rollout_ids)))
+        totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0,
+                  "grad_norm": 0.0}
+        passes = 0
+        self.model.train()
+        for _ in range(self.config.epochs):
+            for k in range(parts):
+                chosen = rollout_ids[k::parts]
+                indices = [i for rid in chosen for i in by_rollout[rid]]
+                n_rollouts = float(sum(sum(rows[i].token_weights) for i in indices)) or 1.0
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro_ids in _micro_batches([len(rows[i].input_ids) for i in indices],
+                                                self.config.max_tokens_per_forward):
+                    micro = [indices[j] for j in micro_ids]
+                    batch = self._tensors([rows[i] for i in micro], [ref[i] for i in micro] if ref else None)
+                    logp = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"])
+                    parts_ = policy_loss(logp, batch["old"], batch["adv"], batch["weights"], rollouts=n_rollouts,
+                                         clip_low=self.config.clip_low, clip_high=self.config.clip_high,
+                                         ref_logp=batch.get("ref"), kl_coef=self.config.kl_coef)
+                    parts_.loss.backward()
+                    share = len(micro) / len(indices)
+                    totals["loss"] += float(parts_.loss.detach())
+                    totals["pg"] += parts_.pg
+                    totals["kl"] += parts_.kl
+                    for key in ("clip_fraction", "ratio_mean", "approx_kl"):
+                        totals[key] += getattr(parts_, key) * share
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                if self.config.max_grad_norm is not None:
+                    norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+                    totals["grad_norm"] += float(norm)
+                self.optimizer.step()
+                passes += 1
+        self.step += 1
+        metrics = {k: v / passes for k, v in totals.items()}
+        tokens = sum(len(r.input_ids) for r in rows)
+        elapsed = time.perf_counter() - started
+        metrics.update({"rows": float(len(rows)), "rollouts": float(len(rollout_ids)), "tokens": float(tokens),
+                        "loss_tokens": float(sum(r.loss_tokens for r in rows)), "update_s": elapsed})
+        return metrics
+
+    def _tensors(self, rows: Sequence[Row], ref: list[list[float]] | None) -> dict[str, Any]:
+        torch = self.torch
+        width = max(len(r.input_ids) for r in rows)
+        n = len(rows)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((n, width), dtype=torch.long)
+        old = torch.zeros((n, width - 1))
+        adv = torch.zeros((n, width - 1))
+        weights = torch.zeros((n, width - 1))
+        ref_t = torch.zeros((n, width - 1)) if ref is not None else None
+        for i, r in enumerate(rows):
+            L = len(r.input_ids)
+            ids[i, :L] = torch.tensor(r.input_ids)
+            attention[i, :L] = 1
+            assert r.old_logprobs is not None
+            old[i, :L - 1] = torch.tensor(r.old_logprobs[1:])
+            adv[i, :L - 1] = torch.tensor(r.advantages[1:])
+            weights[i, :L - 1] = torch.tensor(r.token_weights[1:])
+            if ref_t is not None and ref is not None:
+                ref_t[i, :L - 1] = torch.tensor(ref[i][1:])
+        out = {"input_ids": ids, "attention_mask": attention, "old": old, "adv": adv, "weights": weights}
+        if ref_t is not None:
+            out["ref"] = ref_t
+        return {k: v.to(self.device) for k, v in out.items()}
+
+    def logprobs(self, rows: Sequence[Row], model: Any = None) -> list[list[float]]:
+        """The logprob of every token of each row under ``model`` (default: the policy), aligned with its ids."""
+        torch = self.torch
+        model = model or self.model
+        out: list[list[float]] = [[] for _ in rows]
+        with torch.no_grad():
+            for micro_ids in _micro_batches([len(r.input_ids) for r in rows], self.config.max_tokens_per_forward):
+                micro = [rows[j] for j in micro_ids]
+                width = max(len(r.input_ids) for r in micro)
+                ids = torch.full((len(micro), width), self.pad_id, dtype=torch.long)
+                attention = torch.zeros((len(micro), width), dtype=torch.long)
+                for i, r in enumerate(micro):
+                    ids[i, :len(r.input_ids)] = torch.tensor(r.input_ids)
+                    attention[i, :len(r.input_ids)] = 1
+                lp = token_logprobs(model, ids.to(self.device), attention.to(self.device)).cpu()
+                for i, j in enumerate(micro_ids):
+                    out[j] = [0.0] + lp[i, :len(micro[i].input_ids) - 1].tolist()
+        return out
+
+    def _fill_old_logprobs(self, rows: Sequence[Row]) -> None:
+        missing = [r for r in rows if r.old_logprobs is None]
+        if not missing:
+            return
+        was_training = self.model.training
+        self.model.eval()
+        for r, lp in zip(missing, self.logprobs(missing), strict=True):
+            r.old_logprobs = [v * m for v, m in zip(lp, r.loss_mask, strict=True)]
+        self.model.train(was_training)
+
+    def _ref_logprobs(self, rows: Sequence[Row]) -> list[list[float]]:
+        return self.logprobs(rows, self.ref_model)
+
+    # ------------------------------------------------------------------ weights
+
+    def serving_state_dict(self) -> dict[str, Any]:
+        """The weights to serve, under the plain model's names (LoRA adapters merged in)."""
+        if self.config.lora is None:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        return _merged_lora_state(self.model)
+
+    def publish(self, engine: Any, version: int | None = None) -> int:
+        """Copy the current weights into a :class:`~agl_trainer.engine.TorchEngine`; return the version served."""
+        self.version = self.step if version is None else version
+        engine.swap_weights(self.serving_state_dict(), self.version)
+        return self.version
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, folder: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> str:
+        """Write a checkpoint (weights, optimizer, step, version, ``extra``) into ``folder``; atomic."""
+        torch = self.torch
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, "trainer.pt")
+        tmp = path + ".tmp"
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "step": self.step, "version": self.version, "rng": torch.get_rng_state(),
+                    "config": json.dumps(asdict(self.config))}, tmp)
+        os.replace(tmp, path)
+        if extra is not None:
+            meta = os.path.join(folder, "trainer.json")
+            with open(meta + ".tmp", "w", encoding="utf-8") as f:
+                json.dump({"step": self.step, "version": self.version, **extra}, f, indent=1)
+            os.replace(meta + ".tmp", meta)
+        return path
+
+    def load(self, folder: str | os.PathLike[str]) -> dict[str, Any]:
+        """Resume from :meth:`save`'s checkpoint in ``folder``; returns its ``extra`` (empty when none)."""
+        torch = self.torch
+        state = torch.load(os.path.join(folder, "trainer.pt"), map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["rng"].cpu())
+        meta = os.path.join(folder, "trainer.json")
+        if os.path.exists(meta):
+            with open(meta, encoding="utf-8") as f:
+                extra: dict[str, Any] = json.load(f)
+            return extra
+        return {}
+
+    @staticmethod
+    def has_checkpoint(folder: str | os.PathLike[str]) -> bool:
+        return os.path.exists(os.path.join(folder, "trainer.pt"))
+
+
+def _micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices of rows in groups whose padded size (rows x longest) stays within ``max_tokens`` (one row at least).
+
+    Rows are taken shortest first, so rows of similar length share a batch and padding stays small.
+    """
+    out: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        w = max(width, lengths[i])
+        if current and w * (len(current) + 1) > max_tokens:
+            out.append(current)
+            current, w = [], lengths[i]
+        current.append(i)
+        width = w
+    if current:
+        out.append(current)
+    return out
+
+
+def _with_lora(model: Any, options: LoraOptions) -> Any:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise ImportError("LoRA needs peft: pip install peft") from exc
+    config = LoraConfig(r=options.r, lora_alpha=options.alpha, lora_dropout=options.dropout,
+                        target_modules=list(options.target_modules), bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def _merged_lora_state(model: Any) -> dict[str, Any]:
+    """Base weights with each LoRA layer's delta added, named as in the model without peft."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    state = {k.replace(".base_layer", ""): v.detach() for k, v in base.state_dict().items() if "lora_" not in k}
+    for name, found in base.named_modules():
+        if isinstance(found, LoraLayer):
+            module: Any = found
+            weight = module.get_base_layer().weight
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            state[f"{name}.weight"] = (weight + delta).detach()
+    return state
