@@ -15,7 +15,7 @@ Everything here runs on the call's hot path. An agent re-sends its whole
 conversation on every call, so each message's JSON is memoised under a key
 made of its (immutable) field values: only the new messages of a call are
 converted. Attribute dicts are built once and stored with
-:func:`agl_core.openai_client.attributes.set_on`, which skips the SDK's per-value
+:func:`agl_core.encoding.set_on`, which skips the SDK's per-value
 re-check for values that are already clean.
 """
 
@@ -27,7 +27,6 @@ from typing import Any
 from agl_core import semconv
 from agl_core.encoding import MessageMemo, dumps, sampling_attributes, span_text
 from agl_core.messages import to_genai
-from agl_core.openai_client.attributes import sampler_attributes, set_on
 
 __all__ = [
     "Attributes",
@@ -36,8 +35,6 @@ __all__ = [
     "output_message",
     "request_attributes",
     "result_attributes",
-    "sampler_attributes",
-    "set_on",
     "to_openai",
     "tool_definitions",
     "tool_end_attributes",

@@ -65,6 +65,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_autogen import attributes
 from agl_core import collector, semconv
+from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
 
@@ -137,7 +138,7 @@ class _LlmCall:
         span = self.span
         try:
             if result is not None:
-                attributes.set_on(span, attributes.result_attributes(result))
+                set_on(span, attributes.result_attributes(result))
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("autogen.response", exc)
         try:
@@ -158,9 +159,9 @@ def _start_llm(client: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], st
                                               stream, _agent.get())
         span = collector.tracer().start_span(
             semconv.chat_span_name(attrs.get(semconv.GEN_AI_REQUEST_MODEL)), kind=SpanKind.CLIENT,
-            attributes=attributes.sampler_attributes(attrs),
+            attributes=sampler_attributes(attrs),
         )
-        attributes.set_on(span, attrs)
+        set_on(span, attrs)
         return _LlmCall(span)
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("autogen.request", exc)
@@ -234,7 +235,7 @@ class _ToolRun:
                 status, error_type = semconv.TOOL_ERROR, "tool_error"
             else:
                 status, error_type = semconv.TOOL_OK, None
-            attributes.set_on(span, attributes.tool_end_attributes(result, status, error_type))
+            set_on(span, attributes.tool_end_attributes(result, status, error_type))
             if error_type is not None:
                 if raised is not None:
                     span.record_exception(raised)
@@ -266,7 +267,7 @@ def _start_tool(name: Any, call_id: Any, arguments: Any, agent: str | None) -> _
                                                  arguments, agent)
         span = collector.tracer().start_span(semconv.tool_span_name(attrs[semconv.GEN_AI_TOOL_NAME]),
                                              kind=SpanKind.INTERNAL)
-        attributes.set_on(span, attrs)
+        set_on(span, attrs)
         return _ToolRun(span)
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("autogen.tool_request", exc)

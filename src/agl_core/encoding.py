@@ -129,3 +129,44 @@ def sampling_attributes(get: Callable[[str], Any], attrs: dict[str, Any]) -> Non
         value = get(key)
         if type(value) is int:
             attrs[name] = value
+
+
+_CLEAN = frozenset({str, bool, int, float, tuple})
+_sdk_types: tuple[type[Any], type[Any]] | None = None
+
+
+def _sdk() -> tuple[type[Any], type[Any]]:
+    global _sdk_types
+    if _sdk_types is None:
+        from opentelemetry.attributes import BoundedAttributes
+        from opentelemetry.sdk.trace import Span as SdkSpan
+
+        _sdk_types = (SdkSpan, BoundedAttributes)
+    return _sdk_types
+
+
+def set_on(span: Any, attrs: dict[str, Any]) -> None:
+    """``span.set_attributes(attrs)`` for values agl's attribute code built (plain scalars and tuples).
+
+    On an SDK span it skips the SDK's per-value re-check when the span's limits allow, which costs
+    about 1 µs per token id otherwise.
+    """
+    span_type, bounded_type = _sdk_types or _sdk()
+    if isinstance(span, span_type):
+        bounded = span._attributes
+        if (type(bounded) is bounded_type and bounded.max_value_len is None
+                and (bounded.maxlen is None or len(bounded) + len(attrs) <= bounded.maxlen)
+                and set(map(type, attrs.values())) <= _CLEAN):
+            with span._lock:
+                if span._end_time is None and not bounded._immutable:
+                    bounded._dict.update(attrs)
+                    return
+    span.set_attributes(attrs)
+
+
+_SAMPLER = (semconv.GEN_AI_OPERATION_NAME, semconv.GEN_AI_PROVIDER_NAME, semconv.GEN_AI_REQUEST_MODEL)
+
+
+def sampler_attributes(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The attributes to start the span with, so a sampler sees what kind of call this is."""
+    return {key: attrs.pop(key) for key in _SAMPLER if key in attrs}

@@ -46,7 +46,6 @@ _PROVIDERS = {
     "perplexity": "perplexity",
 }
 
-_SAMPLER = (semconv.GEN_AI_OPERATION_NAME, semconv.GEN_AI_PROVIDER_NAME, semconv.GEN_AI_REQUEST_MODEL)
 
 
 def provider_name(llm: Any) -> str:
@@ -112,11 +111,6 @@ def llm_request_attributes(llm: Any, messages: Any, tools: Any, agent: Any) -> A
     if isinstance(role, str) and role:
         attrs[semconv.GEN_AI_AGENT_NAME] = role
     return attrs
-
-
-def sampler_attributes(attrs: Attributes) -> Attributes:
-    """The attributes to start the span with, so a sampler sees what kind of call this is."""
-    return {key: attrs.pop(key) for key in _SAMPLER if key in attrs}
 
 
 # --------------------------------------------------------------------------- replies

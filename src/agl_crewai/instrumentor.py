@@ -91,8 +91,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_core import collector, semconv
+from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
-from agl_core.openai_client.attributes import set_on
 from agl_core.plugin import Instrumentor
 from agl_crewai import attributes
 
@@ -225,7 +225,7 @@ def _start_llm(llm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _LLMC
                                                   _arg(args, kwargs, 1, "tools"), _arg(args, kwargs, 5, "from_agent"))
         span = collector.tracer().start_span(
             semconv.chat_span_name(attrs.get(semconv.GEN_AI_REQUEST_MODEL)), kind=SpanKind.CLIENT,
-            attributes=attributes.sampler_attributes(attrs),
+            attributes=sampler_attributes(attrs),
         )
         set_on(span, attrs)
         call = _LLMCall(llm, span)

@@ -15,7 +15,7 @@ Everything here runs on the call's hot path: messages are read field by field
 encoded once, and the input messages go through the ``openai`` plugin's memo
 of messages already seen (an agent re-sends its whole conversation on every
 call). Values are clean attribute values, so
-:func:`agl_core.openai_client.attributes.set_on` stores them directly.
+:func:`agl_core.encoding.set_on` stores them directly.
 """
 
 from __future__ import annotations

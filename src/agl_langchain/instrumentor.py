@@ -78,8 +78,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_core import collector, semconv
+from agl_core.encoding import set_on
 from agl_core.guard import report
-from agl_core.openai_client.attributes import set_on
 from agl_core.plugin import Instrumentor
 from agl_langchain import attributes
 

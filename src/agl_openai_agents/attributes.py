@@ -18,7 +18,7 @@ once per tool (and their JSON once per set of tools), and a message already
 seen on an earlier call of the run is neither converted nor encoded again
 (:class:`_InputMemo`: the runner re-sends the whole conversation on every
 call). Values are clean attribute values, so
-:func:`agl_core.openai_client.attributes.set_on` stores them directly.
+:func:`agl_core.encoding.set_on` stores them directly.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel
 
-from agl_core import collector, guard, semconv
+from agl_core import collector, encoding, guard, semconv
 from agl_core.messages import many_to_genai
 from agl_core.openai_client import OpenAIInstrumentor, attributes
 from agl_core.testing import FakeOpenAI, render_prompt, tokenize
@@ -526,13 +526,13 @@ def test_set_on_matches_set_attributes_and_respects_span_limits() -> None:
         tracer = TracerProvider(span_limits=limits).get_tracer("t")
         fast: Any = tracer.start_span("fast")
         plain: Any = tracer.start_span("plain")
-        attributes.set_on(fast, dict(attrs))
+        encoding.set_on(fast, dict(attrs))
         plain.set_attributes(dict(attrs))
         assert dict(fast.attributes or {}) == dict(plain.attributes or {})
         assert (dict(fast.attributes or {})["a"] == "text") is expect_fast
         fast.end()
         plain.end()
-        attributes.set_on(fast, {"late": 1})  # an ended span takes nothing, as with set_attributes
+        encoding.set_on(fast, {"late": 1})  # an ended span takes nothing, as with set_attributes
         assert "late" not in (fast.attributes or {})
 
 
@@ -542,7 +542,7 @@ def test_dumps_handles_pydantic_classes_and_instances() -> None:
 
     import pydantic
 
-    from agl_core.openai_client.attributes import dumps
+    from agl_core.encoding import dumps
 
     class Answer(pydantic.BaseModel):
         value: int

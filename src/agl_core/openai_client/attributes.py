@@ -12,11 +12,11 @@ The OpenTelemetry SDK re-checks every attribute value in Python, element by
 element for sequences (about a microsecond per token id on a slow core, so
 milliseconds for a long prompt). Everything built here is already a clean
 attribute value (str, bool, int, float, or a tuple of one of those; token ids
-are checked at C speed with one ``set(map(type, ...))``), so :func:`set_on`
+are checked at C speed with one ``set(map(type, ...))``), so :func:`agl_core.encoding.set_on`
 stores it in an SDK span's attribute dict directly, under the span's lock, when
 the span is live and no span limit applies; any other span, or a span under
 limits, gets a plain ``set_attributes``. The span starts with the few
-attributes a sampler may look at (:func:`sampler_attributes`).
+attributes a sampler may look at (:func:`agl_core.encoding.sampler_attributes`).
 """
 
 from __future__ import annotations
@@ -101,7 +101,6 @@ def _extra(obj: Any) -> dict[str, Any] | None:
 
 
 _INT = frozenset({int})
-_SAMPLER = (semconv.GEN_AI_OPERATION_NAME, semconv.GEN_AI_PROVIDER_NAME, semconv.GEN_AI_REQUEST_MODEL)
 
 
 def _int_list(value: Any) -> tuple[int, ...] | None:
@@ -116,40 +115,6 @@ def _float_list(value: Any) -> tuple[float, ...] | None:
         return None
     values = tuple(value)
     return tuple(map(float, values)) if set(map(type, values)) <= _NUMBER else None
-
-
-_CLEAN = frozenset({str, bool, int, float, tuple})
-_sdk_types: tuple[type[Any], type[Any]] | None = None
-
-
-def _sdk() -> tuple[type[Any], type[Any]]:
-    global _sdk_types
-    if _sdk_types is None:
-        from opentelemetry.attributes import BoundedAttributes
-        from opentelemetry.sdk.trace import Span as SdkSpan
-
-        _sdk_types = (SdkSpan, BoundedAttributes)
-    return _sdk_types
-
-
-def set_on(span: Any, attrs: Attributes) -> None:
-    """``span.set_attributes(attrs)`` for values built in this module, skipping the SDK's re-check when it can."""
-    span_type, bounded_type = _sdk_types or _sdk()
-    if isinstance(span, span_type):
-        bounded = span._attributes
-        if (type(bounded) is bounded_type and bounded.max_value_len is None
-                and (bounded.maxlen is None or len(bounded) + len(attrs) <= bounded.maxlen)
-                and set(map(type, attrs.values())) <= _CLEAN):
-            with span._lock:
-                if span._end_time is None and not bounded._immutable:
-                    bounded._dict.update(attrs)
-                    return
-    span.set_attributes(attrs)
-
-
-def sampler_attributes(attrs: Attributes) -> Attributes:
-    """The attributes to start the span with, so a sampler sees what kind of call this is."""
-    return {key: attrs.pop(key) for key in _SAMPLER if key in attrs}
 
 
 def _tool_call(call: Any) -> dict[str, Any]:

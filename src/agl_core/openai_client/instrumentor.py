@@ -47,6 +47,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_core import collector, semconv
+from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.openai_client import attributes
 from agl_core.plugin import Instrumentor
@@ -123,9 +124,9 @@ def _start(resource: Any, kwargs: dict[str, Any]) -> _Call | None:
         attrs = attributes.request_attributes(kwargs, getattr(client, "_base_url", None) or client.base_url)
         span = collector.tracer().start_span(
             semconv.chat_span_name(kwargs.get("model")), kind=SpanKind.CLIENT,
-            attributes=attributes.sampler_attributes(attrs),
+            attributes=sampler_attributes(attrs),
         )
-        attributes.set_on(span, attrs)
+        set_on(span, attrs)
         kwargs["extra_headers"] = _with_traceparent(kwargs.get("extra_headers"), span)
         token = otel_context.attach(trace.set_span_in_context(span))
         return _Call(span, token, kwargs.get("stream") is True)
@@ -155,7 +156,7 @@ def _finish(call: _Call, result: Any, types: _Types) -> Any:
     span = call.span
     try:
         if isinstance(result, types.completion):
-            attributes.set_on(span, attributes.response_attributes(result))
+            set_on(span, attributes.response_attributes(result))
         elif isinstance(result, types.stream):
             return SyncStreamProxy(result, span)
         elif isinstance(result, types.async_stream):
@@ -163,7 +164,7 @@ def _finish(call: _Call, result: Any, types: _Types) -> Any:
         elif isinstance(result, types.legacy_response) and not call.stream:
             parsed = result.parse()  # cached by the SDK: the caller's parse() returns this same object
             if isinstance(parsed, types.completion):
-                attributes.set_on(span, attributes.response_attributes(parsed))
+                set_on(span, attributes.response_attributes(parsed))
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("openai.response", exc)
     try:
@@ -194,7 +195,7 @@ class _StreamSpan:
             return
         self.done = True
         try:
-            attributes.set_on(self.span, self.acc.attributes())
+            set_on(self.span, self.acc.attributes())
         except Exception as fault:  # noqa: BLE001
             report("openai.stream_end", fault)
         if exc is not None:
