@@ -18,6 +18,7 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
 - ``GET /v1/rollouts``, ``GET /v1/rollouts/{id}``, ``GET|POST /v1/rollouts/{id}/spans``,
   ``GET /v1/transitions``, ``GET /v1/trajectories``: the read side of core's ``Store``.
 - ``GET /v1/model``; ``POST /v1/model`` ``{"version", "weights"?}``: the trainer announces weights.
+- ``POST /v1/metrics`` ``{"step", "values": {name: number}}``; ``GET /v1/metrics``: training curves by step.
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
 
 Security: it listens on 127.0.0.1 unless told otherwise and then refuses to
@@ -34,6 +35,7 @@ import ipaddress
 import json
 import logging
 import math
+import numbers
 import socket
 import sqlite3
 import threading
@@ -128,6 +130,66 @@ class _ModelState:
             self._conn.close()
 
 
+class _Metrics:
+    """Training metrics per step (reward, loss, ...), one row per (step, name), in the server's SQLite file."""
+
+    def __init__(self, path: str) -> None:
+        self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.execute("PRAGMA busy_timeout = 30000")
+            self._conn.execute("CREATE TABLE IF NOT EXISTS trainer_metrics (step INTEGER NOT NULL,"
+                               " name TEXT NOT NULL, value REAL NOT NULL, time REAL NOT NULL,"
+                               " PRIMARY KEY (step, name))")
+
+    def record(self, step: int, values: dict[str, float]) -> None:
+        rows = _metric_rows(step, values)
+        now = time.time()
+        with self._lock:
+            # one transaction: a bad value is refused before anything is written, and a crash loses a step whole
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.executemany("INSERT INTO trainer_metrics (step, name, value, time) VALUES (?, ?, ?, ?)"
+                                       " ON CONFLICT (step, name) DO UPDATE SET value = excluded.value,"
+                                       " time = excluded.time", [(step, n, v, now) for n, v in rows])
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def all(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT step, name, value, time FROM trainer_metrics"
+                                      " ORDER BY step, name").fetchall()
+        out: list[dict[str, Any]] = []
+        for step, name, value, at in rows:
+            if not out or out[-1]["step"] != step:
+                out.append({"step": step, "time": at, "values": {}})
+            out[-1]["values"][name] = value
+            out[-1]["time"] = max(out[-1]["time"], at)
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+def _metric_rows(step: Any, values: Any) -> list[tuple[str, float]]:
+    """Check one step's metrics: a non-negative integer step, non-empty names, finite numbers."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise ValueError(f"'step' must be a non-negative integer, got {step!r}")
+    if not isinstance(values, dict):
+        raise ValueError(f"'values' must be a mapping of metric name to number, got {type(values).__name__}")
+    rows = []
+    for name, value in values.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"'values' key {name!r}: a metric name must be a non-empty string")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+            raise ValueError(f"'values.{name}' must be a finite number, got {value!r}")
+        rows.append((name, float(value)))
+    return rows
+
+
 class TrainerServer:
     """The server's parts over one SQLite file, and its ASGI :attr:`app`.
 
@@ -144,6 +206,7 @@ class TrainerServer:
         memory = config.db_path == ":memory:"
         self.records = TokenRecords(None if memory else config.db_path)
         self.model = _ModelState(config.db_path)
+        self._metrics = _Metrics(config.db_path)
         self.builder = config.builder or TransitionBuilder()
         self.backend = backend
         self.gateway = Gateway(backend, self.records, config.gateway, model_version=lambda: self.model.version,
@@ -174,6 +237,8 @@ class TrainerServer:
             Route("/v1/trajectories", self.list_trajectories, methods=["GET"]),
             Route("/v1/model", self.get_model, methods=["GET"]),
             Route("/v1/model", self.post_model, methods=["POST"]),
+            Route("/v1/metrics", self.get_metrics, methods=["GET"]),
+            Route("/v1/metrics", self.post_metrics, methods=["POST"]),
         ]
         handlers: dict[Any, Callable[..., Any]] = {
             ApiError: _on_api_error,
@@ -208,6 +273,7 @@ class TrainerServer:
         self.records.close()
         self.queue.close()
         self.model.close()
+        self._metrics.close()
         self.store.close()
 
     def _changed_threadsafe(self) -> None:
@@ -268,6 +334,35 @@ class TrainerServer:
             raise ApiError(400, "'weights' must be a string (a path the backend can read) or null", "weights")
         await self.publish(version, weights)
         return await self.get_model(request)
+
+    # ------------------------------------------------------------------ metrics
+
+    def record_metrics(self, step: int, values: dict[str, float]) -> None:
+        """Store one training step's metrics (``{"reward_mean": 0.5, "loss": 0.12}``) for the dashboard.
+
+        Recording a step again updates the names it gives and keeps the others. A bad step, name or
+        value raises ``ValueError`` naming it, and nothing of that call is stored.
+        """
+        self._metrics.record(step, values)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every recorded step, by step: ``[{"step": 3, "time": 1764505000.0, "values": {...}}, ...]``."""
+        return self._metrics.all()
+
+    async def get_metrics(self, request: Request) -> Response:
+        return _json({"data": await run_in_threadpool(self.metrics)})
+
+    async def post_metrics(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        for key in ("step", "values"):
+            if key not in body:
+                raise ApiError(400, f"'{key}' is required: send {{\"step\": int, \"values\": {{name: number}}}}", key)
+        try:
+            await run_in_threadpool(self.record_metrics, body["step"], body["values"])
+        except ValueError as exc:
+            field_name = str(exc).split("'")[1] if str(exc).startswith("'") else "values"
+            raise ApiError(400, str(exc), field_name) from None
+        return _json({"step": body["step"], "recorded": len(body["values"])}, 201)
 
     # ------------------------------------------------------------------ tasks
 
