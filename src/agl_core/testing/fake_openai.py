@@ -20,7 +20,10 @@ Like vLLM, a request with ``return_token_ids: true`` gets ``prompt_token_ids``
 (top level; first chunk when streaming) and per-choice ``token_ids`` (per chunk
 when streaming), and ``logprobs: true`` gets per-token logprobs. Token ids come
 from a deterministic toy tokenizer, :func:`tokenize` (and :func:`render_prompt`
-for chat prompts), so tests can compute the ids they expect.
+for chat prompts), so tests can compute the ids they expect. ``return_token_ids=True``
+answers every chat request with them, asked or not, as a serving engine set up to
+always return them would: an unchanged agent (one that never asks) then gets token
+ids in its transitions.
 
 Every request is recorded in ``srv.requests`` (path, lower-cased headers, JSON
 body). The server uses only the standard library (``http.server``), keeps
@@ -108,9 +111,11 @@ class _Answer:
 class FakeOpenAI:
     """``with FakeOpenAI(script=[...]) as srv: openai.OpenAI(base_url=srv.url, api_key="x")``."""
 
-    def __init__(self, script: Script | None = None, *, model: str = "fake-model", status: int | None = None) -> None:
+    def __init__(self, script: Script | None = None, *, model: str = "fake-model", status: int | None = None,
+                 return_token_ids: bool = False) -> None:
         self.model = model
         self.status = status  # when set, every chat/completions request fails with it
+        self.return_token_ids = return_token_ids  # token ids in every chat reply, even unasked
         self.requests: list[RecordedRequest] = []
         self._script = script
         self._next = 0
@@ -211,7 +216,7 @@ def _chat_response(srv: FakeOpenAI, body: dict[str, Any], answer: _Answer, n: in
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(answer.token_ids),
                   "total_tokens": len(prompt_ids) + len(answer.token_ids)},
     }
-    if body.get("return_token_ids"):
+    if body.get("return_token_ids") or srv.return_token_ids:
         out["prompt_token_ids"] = prompt_ids
         choice["token_ids"] = answer.token_ids
     return out
@@ -219,7 +224,7 @@ def _chat_response(srv: FakeOpenAI, body: dict[str, Any], answer: _Answer, n: in
 
 def _chat_chunks(srv: FakeOpenAI, body: dict[str, Any], answer: _Answer, n: int) -> Iterator[dict[str, Any]]:
     """The SSE chunks of one streamed reply: role, reasoning, one chunk per token, finish, usage."""
-    want_ids, want_logprobs = bool(body.get("return_token_ids")), bool(body.get("logprobs"))
+    want_ids, want_logprobs = bool(body.get("return_token_ids") or srv.return_token_ids), bool(body.get("logprobs"))
     prompt_ids = tokenize(render_prompt(body.get("messages") or ()))
     base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": CREATED,
             "model": body.get("model", srv.model)}
