@@ -20,10 +20,11 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
 - ``GET /v1/model``; ``POST /v1/model`` ``{"version", "weights"?}``: the trainer announces weights.
 - ``POST /v1/metrics`` ``{"step", "values": {name: number}}``; ``GET /v1/metrics``: training curves by step.
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
+- ``/`` and ``/dashboard``: the dashboard (:mod:`agl_trainer.dashboard`), with ``GET /v1/stats``.
 
 Security: it listens on 127.0.0.1 unless told otherwise and then refuses to
-start without a bearer token; with a token every route but ``/healthz`` needs
-it (the agent's ``OPENAI_API_KEY`` carries it to the gateway). Bodies over
+start without a bearer token; with a token every route but ``/healthz`` and the
+dashboard's static files needs it (the agent's ``OPENAI_API_KEY`` carries it to the gateway). Bodies over
 ``max_body_bytes`` get 413.
 """
 
@@ -57,6 +58,8 @@ from agl_core.schema import Rollout, Span
 from agl_core.store.sqlite import SqliteStore
 from agl_core.transitions import TransitionBuilder
 from agl_trainer.api import DEFAULT_MAX_BODY_BYTES, ApiError, BearerAuth, error_response, read_json, read_object
+from agl_trainer.dashboard import OPEN_PATHS as DASHBOARD_FILES
+from agl_trainer.dashboard import Dashboard
 from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
 from agl_trainer.token_records import TokenRecords
@@ -208,6 +211,7 @@ class TrainerServer:
         self.model = _ModelState(config.db_path)
         self._metrics = _Metrics(config.db_path)
         self.builder = config.builder or TransitionBuilder()
+        self.dashboard = Dashboard(self.store)
         self.backend = backend
         self.gateway = Gateway(backend, self.records, config.gateway, model_version=lambda: self.model.version,
                                max_body_bytes=config.max_body_bytes)
@@ -239,6 +243,7 @@ class TrainerServer:
             Route("/v1/model", self.post_model, methods=["POST"]),
             Route("/v1/metrics", self.get_metrics, methods=["GET"]),
             Route("/v1/metrics", self.post_metrics, methods=["POST"]),
+            *self.dashboard.routes(),
         ]
         handlers: dict[Any, Callable[..., Any]] = {
             ApiError: _on_api_error,
@@ -249,7 +254,8 @@ class TrainerServer:
         }
         app: ASGIApp = Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan)
         if self.config.token:
-            app = BearerAuth(app, self.config.token)
+            # the dashboard's page and script hold no data: they load without the token, then send it
+            app = BearerAuth(app, self.config.token, open_paths=frozenset({"/healthz"}) | DASHBOARD_FILES)
         return app
 
     @contextlib.asynccontextmanager
