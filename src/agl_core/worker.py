@@ -152,15 +152,19 @@ class _LeaseStore:
     """What one rollout writes to: the server's store, posting with this lease; remembers how it went.
 
     The rollout context only ever calls ``put_rollout`` on its store, so that is all this offers.
+    ``on_post`` is called just before the rollout goes to the server.
     """
 
-    def __init__(self, store: HttpStore, lease: Lease) -> None:
+    def __init__(self, store: HttpStore, lease: Lease, on_post: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.lease = lease
+        self.on_post = on_post
         self.summary: dict[str, Any] | None = None
         self.error: BaseException | None = None
 
     def put_rollout(self, rollout: Rollout, trajectory: Trajectory | None = None, *, validate: bool = True) -> None:
+        if self.on_post is not None:
+            self.on_post(self.lease.lease_id)
         try:
             self.summary = self.store.post_rollout(rollout, lease_id=self.lease.lease_id)
         except BaseException as exc:
@@ -261,6 +265,10 @@ class Worker:
         self.stats = WorkerStats()
         self._lock = threading.Lock()
         self._inflight: dict[str, Lease] = {}
+        # leases whose rollout is being posted: a heartbeat sent before the post may reach the server
+        # after it and hear "lost" for a lease that was in fact finished
+        self._posting: set[str] = set()
+        self._lost: set[str] = set()  # leases counted in stats.lost, so a loss seen twice counts once
         self._stopping = threading.Event()
         self._hurry = threading.Event()
         self._leases_given = 0
@@ -366,10 +374,22 @@ class Worker:
             finally:
                 with self._lock:
                     self._inflight.pop(lease.lease_id, None)
+                    self._posting.discard(lease.lease_id)
+                    self._lost.discard(lease.lease_id)
                 self._last_work = time.monotonic()
 
+    def _posting_now(self, lease_id: str) -> None:
+        with self._lock:
+            self._posting.add(lease_id)
+
+    def _count_lost(self, lease_id: str) -> None:
+        """Count a lease as lost once, whether the heartbeat or the post found out (the caller holds the lock)."""
+        if lease_id not in self._lost:
+            self._lost.add(lease_id)
+            self.stats.lost += 1
+
     def _run_one(self, lease: Lease) -> None:
-        store = _LeaseStore(self.store, lease)
+        store = _LeaseStore(self.store, lease, self._posting_now)
         kwargs = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
         try:
             if self.is_async:
@@ -393,7 +413,7 @@ class Worker:
         reason = f"the rollout could not be posted: {store.error}" if store.error else "no rollout was posted"
         if isinstance(store.error, ServerError) and store.error.status == 409:
             with self._lock:
-                self.stats.lost += 1
+                self._count_lost(lease.lease_id)
             logger.warning("agl worker: task %s attempt %d: %s", lease.task_id, lease.attempt, store.error.message)
             return
         logger.warning("agl worker: task %s attempt %d: %s; releasing it", lease.task_id, lease.attempt, reason)
@@ -409,7 +429,12 @@ class Worker:
             if leases:
                 try:
                     _, lost = self.tasks.heartbeat([lease.lease_id for lease in leases])
-                    for lease_id in lost:
+                    with self._lock:
+                        # a lease whose rollout was posted meanwhile is finished, not lost
+                        really = [i for i in lost if i in self._inflight and i not in self._posting]
+                        for lease_id in really:
+                            self._count_lost(lease_id)
+                    for lease_id in really:
                         logger.warning("agl worker: lease %s was lost (it expired on the server)", lease_id)
                 except AglError as exc:
                     logger.warning("agl worker: heartbeat failed: %s", exc)

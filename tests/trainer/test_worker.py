@@ -197,3 +197,61 @@ def test_workers_as_ray_actors_on_a_local_cluster(fake: FakeOpenAI, make_server:
     assert tasks.counts() == {"queued": 0, "leased": 0, "done": 8, "failed": 0}
     workers = {tasks.task(q["id"])["attempts"][0]["worker_id"] for q in QUESTIONS}
     assert len(workers) == 2  # each actor took its four
+
+
+# ---------------------------------------------------------------------- the heartbeat and the result post
+
+
+def _slow_agent(task: Any) -> float:
+    time.sleep(float(task["sleep"]))
+    return 1.0
+
+
+def _heartbeat_thread() -> threading.Thread | None:
+    return next((t for t in threading.enumerate() if t.name == "agl-worker-heartbeat"), None)
+
+
+def test_a_heartbeat_answered_after_the_rollout_was_posted_is_not_a_lost_lease(
+        fake: FakeOpenAI, make_server: ServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """The race: a heartbeat sent while the agent runs reaches the server after the rollout finished the lease."""
+    srv = make_server(fake)
+    tasks = TaskClient(srv.url)
+    tasks.enqueue([{"id": "r", "sleep": 0.5}])
+    worker = Worker(srv.url, _slow_agent, concurrency=1, max_tasks=1, poll_s=0.2, heartbeat_s=0.05,
+                    instrument=False)
+    real = worker.tasks.heartbeat
+    held: list[list[str]] = []
+
+    def late_heartbeat(lease_ids: Any) -> tuple[list[str], list[str]]:
+        # hold the first heartbeat until the rollout it covers is posted: the interleaving the race needs
+        if not held:
+            held.append(list(lease_ids))
+            _wait_for(lambda: tasks.counts()["done"] == 1, timeout=10)
+        return real(lease_ids)
+
+    worker.tasks.heartbeat = late_heartbeat  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="agl.worker"):
+        worker.run()
+        beat = _heartbeat_thread()
+        if beat is not None:
+            beat.join(timeout=10)
+    assert held and worker.stats.posted == 1
+    assert real(held[0]) == ([], held[0])  # the server does answer "lost" for the finished lease
+    assert worker.stats.lost == 0
+    assert not [r for r in caplog.records if "lost" in r.getMessage()], caplog.text
+
+
+def test_a_lease_that_really_expired_is_reported_lost_once(fake: FakeOpenAI, make_server: ServerFactory,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    srv = make_server(fake, sweep_interval_s=0.05)
+    tasks = TaskClient(srv.url)
+    tasks.enqueue([{"id": "e", "sleep": 1.5}], max_attempts=1)
+    # heartbeats come less often than the lease lasts: the server expires it while the agent runs
+    worker = Worker(srv.url, _slow_agent, concurrency=1, max_tasks=1, poll_s=0.2, heartbeat_s=0.7,
+                    lease_timeout=0.3, instrument=False)
+    with caplog.at_level("WARNING", logger="agl.worker"):
+        worker.run()
+    assert worker.stats.lost == 1 and worker.stats.posted == 0  # seen by the heartbeat and the post: counted once
+    assert any("was lost" in r.getMessage() for r in caplog.records), caplog.text
+    assert tasks.task("e")["state"] == "failed"
+    assert srv.server.store.rollouts(task_id="e") == []
