@@ -16,6 +16,14 @@ asyncio tasks and context-copying executors, and for spans of other
 instrumentations on the same provider); when it ends, it goes to that rollout's
 buffer. Spans started outside any rollout are never held, so nothing grows
 without bound.
+
+Fail-open with the user's provider: agl's processor never exports, flushes or
+waits; it only appends a finished span to its rollout's buffer, so a slow or
+hung exporter can delay the agent only through the user's own processor (the
+SDK's ``SimpleSpanProcessor`` exports on the caller's thread by design; the
+``BatchSpanProcessor`` does not). A user span processor that raises when a span
+starts is reported (``guard``) and the span is recorded by agl's own tracer
+instead, so the rollout stays complete.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import threading
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from agl_core import semconv
+from agl_core import encoding, semconv
 from agl_core.guard import report
 from agl_core.schema import Span
 
@@ -133,6 +141,41 @@ def _attach(provider: Any) -> None:
         _t.attached.append(provider)
 
 
+def _fail_open_tracer(inner: Tracer) -> Tracer:
+    from contextlib import contextmanager
+
+    from opentelemetry import trace as trace_api
+
+    class FailOpenTracer(trace_api.Tracer):
+        """The user's SDK tracer, for agl's spans: content left out when capture is off, never raising."""
+
+        def start_span(self, name: str, context: Any = None, kind: Any = trace_api.SpanKind.INTERNAL,
+                       attributes: Any = None, links: Any = None, start_time: int | None = None,
+                       record_exception: bool = True, set_status_on_exception: bool = True) -> Any:
+            if attributes and not encoding.capture_content:
+                attributes = encoding.redact(attributes)
+            try:
+                return inner.start_span(name, context, kind, attributes, links, start_time, record_exception,
+                                        set_status_on_exception)
+            except Exception as exc:  # noqa: BLE001 - e.g. a user span processor that raises in on_start
+                report("collector.start_span", exc)
+                from agl_core.tracer import LightTracer
+
+                return LightTracer().start_span(name, context, kind, attributes, links, start_time)
+
+        @contextmanager
+        def start_as_current_span(self, name: str, context: Any = None,  # type: ignore[override]
+                                  kind: Any = trace_api.SpanKind.INTERNAL, attributes: Any = None,
+                                  links: Any = None, start_time: int | None = None, record_exception: bool = True,
+                                  set_status_on_exception: bool = True, end_on_exit: bool = True) -> Any:
+            span = self.start_span(name, context, kind, attributes, links, start_time)
+            with trace_api.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
+                                    set_status_on_exception=set_status_on_exception) as current:
+                yield current
+
+    return FailOpenTracer()
+
+
 def _refresh(global_provider: Any) -> Tracer:
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -146,7 +189,7 @@ def _refresh(global_provider: Any) -> Tracer:
             _t.tracer = LightTracer()
         else:
             _attach(provider)
-            _t.tracer = provider.get_tracer(semconv.TRACER_NAME)
+            _t.tracer = _fail_open_tracer(provider.get_tracer(semconv.TRACER_NAME))
         _t.provider = provider
         _t.seen_global = global_provider
         return _t.tracer
@@ -218,6 +261,8 @@ def to_record(span: ReadableSpan, rollout_id: str | None = None) -> Span:
     parent = span.parent
     status = span.status
     attrs = {k: _plain(v) for k, v in (span.attributes or {}).items()}
+    if not encoding.capture_content:
+        attrs = encoding.redact(attrs)
     events = [
         {"name": e.name, "time_ns": e.timestamp, "attributes": {k: _plain(v) for k, v in (e.attributes or {}).items()}}
         for e in span.events

@@ -5,29 +5,127 @@ result (:func:`span_text`), the memo that keeps a re-sent conversation from bein
 encoded again on every call (:class:`MessageMemo`), and the request's sampling
 parameters as ``gen_ai.request.*`` attributes (:func:`sampling_attributes`).
 All of it runs on the call's hot path.
+
+Content capture. Prompts, model outputs, system instructions and tool arguments
+and results (:data:`CONTENT_ATTRIBUTES`) can be kept off every span, as the
+OpenTelemetry GenAI conventions ask: ``agl_core.instrument(capture_content=False)``
+or the environment variable ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=false``
+(an explicit argument wins over the variable; by default content is captured,
+since a transition's prompt and response are what training reads when no token
+ids exist). Switched off, those attributes are never set on a span, neither
+agl's own records nor what the user's exporters see; token ids, logprobs,
+usage, model, agent and tool names, finish reasons, status and timing stay, so
+training from token ids still works. The switch is applied where every plugin's
+attributes reach a span: :func:`set_on`, the start attributes of
+``collector.tracer()``'s spans, and agl's own span records. Exception messages
+and span status descriptions are not content attributes and are kept.
+
+Bad values never raise here. :func:`span_text` (a tool's arguments or result)
+records what it can, with a marker where it had to cut or replace:
+
+- text longer than ``limits.max_text_chars`` (default 1,000,000; the
+  ``AGL_MAX_TEXT_CHARS`` variable or ``encoding.limits.max_text_chars = n``) keeps
+  its head and ends with ``…[agl: truncated N chars]``;
+- ``bytes``/``bytearray``/``memoryview`` become ``[agl: binary, N bytes]`` (base64
+  images in data URLs are text and kept as text);
+- a value JSON cannot hold (a cycle, nesting past the interpreter's recursion
+  limit, an object whose iteration raises) becomes its ``repr``, or
+  ``[agl: unrepresentable <type>]`` when even that fails;
+- lone surrogates (invalid unicode) become U+FFFD, so the text can be stored as
+  UTF-8.
+
+Message attributes are never truncated: a cut prompt would train the wrong
+thing. NaN and infinities inside messages encode as JSON's ``NaN``/``Infinity``
+extensions and are turned into text by ``collector.to_record``'s rules only for
+attribute values themselves; rewards reject them with a ``SchemaError``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Hashable, Iterable
+import os
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from agl_core import semconv
 
-__all__ = ["MessageMemo", "dumps", "sampling_attributes", "span_text"]
+__all__ = ["CAPTURE_CONTENT_ENV", "CONTENT_ATTRIBUTES", "Limits", "MessageMemo", "capture_content", "clip", "dumps",
+           "limits", "redact", "sampling_attributes", "set_capture_content", "span_text"]
+
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+CONTENT_ATTRIBUTES: frozenset[str] = frozenset({
+    semconv.GEN_AI_INPUT_MESSAGES,
+    semconv.GEN_AI_OUTPUT_MESSAGES,
+    semconv.GEN_AI_SYSTEM_INSTRUCTIONS,
+    semconv.GEN_AI_TOOL_CALL_ARGUMENTS,
+    semconv.GEN_AI_TOOL_CALL_RESULT,
+})
+"""The span attributes that hold what users and models said; left off every span when capture is off."""
+
+_OFF = frozenset({"false", "0", "no", "off", "no_content", "none"})
+
+
+def _env_capture() -> bool:
+    value = os.environ.get(CAPTURE_CONTENT_ENV)
+    return value is None or value.strip().lower() not in _OFF
+
+
+capture_content: bool = _env_capture()
+"""Whether content attributes go on spans now (read it as ``encoding.capture_content``, never import the name)."""
+_explicit = False
+
+
+def set_capture_content(enabled: bool | None) -> bool:
+    """Switch content capture on or off; None follows the environment variable unless set explicitly before.
+
+    Returns the setting now in force.
+    """
+    global capture_content, _explicit
+    if enabled is None:
+        if not _explicit:
+            capture_content = _env_capture()
+    elif isinstance(enabled, bool):
+        capture_content = enabled
+        _explicit = True
+    else:
+        raise TypeError(f"capture_content must be True, False or None, got {type(enabled).__name__}")
+    return capture_content
+
+
+def redact(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """``attrs`` without the content attributes."""
+    return {k: v for k, v in attrs.items() if k not in CONTENT_ATTRIBUTES}
+
+
+class Limits:
+    """How much of a value agl records; change the attributes of :data:`limits` to configure."""
+
+    def __init__(self) -> None:
+        self.max_text_chars: int = int(os.environ.get("AGL_MAX_TEXT_CHARS") or 1_000_000)
+
+
+limits = Limits()
+TRUNCATED = "…[agl: truncated {n} chars]"
+BINARY = "[agl: binary, {n} bytes]"
+UNREPRESENTABLE = "[agl: unrepresentable {type}]"
+_BINARY_TYPES = (bytes, bytearray, memoryview)
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, type):  # a class, e.g. a pydantic model given as a response_format
-        schema = getattr(value, "model_json_schema", None)
-        return schema() if schema is not None else value.__qualname__
-    dump = getattr(value, "model_dump", None)
-    if dump is not None:
-        return dump(exclude_none=True)
-    if hasattr(value, "__iter__"):
-        return list(value)
-    return str(value)
+    try:
+        if isinstance(value, type):  # a class, e.g. a pydantic model given as a response_format
+            schema = getattr(value, "model_json_schema", None)
+            return schema() if schema is not None else value.__qualname__
+        if isinstance(value, _BINARY_TYPES):
+            return BINARY.format(n=memoryview(value).nbytes)
+        dump = getattr(value, "model_dump", None)
+        if dump is not None:
+            return dump(exclude_none=True)
+        if hasattr(value, "__iter__"):
+            return list(value)
+        return str(value)
+    except Exception:  # noqa: BLE001 - an odd object is recorded as what it is, never raised from
+        return UNREPRESENTABLE.format(type=type(value).__name__)
 
 
 def _make_dumps() -> Callable[[Any], str]:
@@ -51,13 +149,36 @@ dumps = _make_dumps()
 
 
 def span_text(value: Any, encode: Callable[[Any], str] = dumps) -> str:
-    """A tool's arguments or result as span text: strings as they are, anything else as JSON (repr if that fails)."""
+    """A tool's arguments or result as span text: strings as they are, anything else as JSON (repr if that fails).
+
+    Never raises; cut, binary and unrepresentable values carry the markers described above.
+    """
     if isinstance(value, str):
-        return value
-    try:
-        return encode(value)
-    except (TypeError, ValueError):
-        return repr(value)
+        text = value
+    elif isinstance(value, _BINARY_TYPES):
+        return BINARY.format(n=memoryview(value).nbytes)
+    else:
+        try:
+            text = encode(value)
+        except Exception:  # noqa: BLE001 - cycles, too deep, hostile __iter__: fall back to repr
+            try:
+                text = repr(value)
+            except Exception:  # noqa: BLE001
+                return UNREPRESENTABLE.format(type=type(value).__name__)
+    return clip(text)
+
+
+def clip(text: str) -> str:
+    """``text`` cut to ``limits.max_text_chars`` with the truncation marker, lone surrogates replaced."""
+    limit = limits.max_text_chars
+    if len(text) > limit:
+        text = text[:limit] + TRUNCATED.format(n=len(text) - limit)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
 
 
 class MessageMemo:
@@ -149,8 +270,10 @@ def set_on(span: Any, attrs: dict[str, Any]) -> None:
     """``span.set_attributes(attrs)`` for values agl's attribute code built (plain scalars and tuples).
 
     On an SDK span it skips the SDK's per-value re-check when the span's limits allow, which costs
-    about 1 µs per token id otherwise.
+    about 1 µs per token id otherwise. With content capture off, content attributes are left out.
     """
+    if not capture_content:
+        attrs = redact(attrs)
     span_type, bounded_type = _sdk_types or _sdk()
     if isinstance(span, span_type):
         bounded = span._attributes

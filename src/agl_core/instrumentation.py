@@ -41,14 +41,22 @@ def installed_plugins() -> dict[str, EntryPoint]:
     return found
 
 
-def instrument(names: Iterable[str] | None = None, *, tracer_provider: Any = None) -> Instrumented:
+def instrument(names: Iterable[str] | None = None, *, tracer_provider: Any = None,
+               capture_content: bool | None = None) -> Instrumented:
     """Activate installed plugins whose framework is importable; idempotent.
 
     With ``names``, only those plugins; an unknown name raises ``PluginError``
     listing the installed ones. Returns the names now active, with the reason
     for each plugin that was skipped in ``.skipped``.
+
+    ``capture_content=False`` keeps prompts, outputs and tool arguments and
+    results off every span (token ids, usage, names and timing stay); None
+    follows ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (see
+    :mod:`agl_core.encoding`).
     """
-    from agl_core import collector
+    from agl_core import collector, encoding
+
+    encoding.set_capture_content(capture_content)
 
     with _lock:
         plugins = installed_plugins()

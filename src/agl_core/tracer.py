@@ -26,7 +26,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import Attributes, AttributeValue
 
-from agl_core import semconv
+from agl_core import encoding, semconv
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -71,10 +71,10 @@ class LightSpan(trace.Span):
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         if self.end_time is None:
-            self.attributes.update(attributes)
+            self.attributes.update(attributes if encoding.capture_content else encoding.redact(attributes))
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
-        if self.end_time is None:
+        if self.end_time is None and (encoding.capture_content or key not in encoding.CONTENT_ATTRIBUTES):
             self.attributes[key] = value
 
     def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
@@ -145,6 +145,8 @@ class LightTracer(trace.Tracer):
             parent = None  # type: ignore[assignment]
             ctx = SpanContext(_bits(128) or 1, _bits(64) or 1, False, _SAMPLED)
         attrs = dict(attributes) if attributes else {}
+        if attrs and not encoding.capture_content:
+            attrs = encoding.redact(attrs)
         buffer = current_rollout.get()
         if buffer is not None:
             if buffer.closed:
