@@ -68,3 +68,38 @@ def test_missing_ids_are_counted_and_missing_logprobs_left_for_the_backend() -> 
     assert len(rows) == 2 and rows[1].old_logprobs is None
     with pytest.raises(ValueError, match="mode"):
         build_rows([], "per-token")  # type: ignore[arg-type]
+
+
+def test_long_prompts_keep_their_last_tokens_and_long_responses_are_cut_and_counted() -> None:
+    long = _t(0, [1, 2, 3, 4, 5, 6], [10, 11, 12, 13], [-0.1, -0.2, -0.3, -0.4])
+    short = _t(1, [7, 8], [14])
+    rows, stats = build_rows([_scored(long), _scored(short)], "transition", max_prompt_length=4,
+                             max_response_length=3)
+    assert rows[0].input_ids == [3, 4, 5, 6, 10, 11, 12] and rows[0].prompt_len == 4
+    assert rows[0].loss_mask == [0, 0, 0, 0, 1, 1, 1]
+    assert rows[0].old_logprobs == pytest.approx([0, 0, 0, 0, -0.1, -0.2, -0.3])
+    assert rows[1].input_ids == [7, 8, 14]  # within both limits: untouched
+    assert stats.truncated_rows == 1 and stats.truncated_prompts == 1 and stats.truncated_responses == 1
+    assert stats.dropped_loss_tokens == 1
+    # the rollout still weighs one unit, spread over the loss tokens that are left
+    assert sum(rows[0].token_weights) == pytest.approx(1.0) and rows[0].token_weights[-1] == pytest.approx(1 / 3)
+
+
+def test_a_merge_that_would_pass_the_response_limit_starts_a_new_row_instead() -> None:
+    # merged, the response part would be [10 11 20 21 12]: 5 tokens; the limit is 4
+    rows, stats = build_rows([_scored(FIRST, SECOND, advantages=[0.5, -2.0])], "trajectory", max_response_length=4)
+    assert [r.input_ids for r in rows] == [[1, 2, 3, 10, 11], [1, 2, 3, 10, 11, 20, 21, 12]]
+    assert rows[1].loss_mask == [0] * 7 + [1] and rows[1].advantages[-1] == -2.0
+    assert stats.length_splits == 1 and stats.merged == 0 and stats.prefix_mismatches == 0
+    assert stats.truncated_rows == 0 and stats.dropped_loss_tokens == 0
+    # a prompt limit then cuts the second row's long prompt from the left
+    rows, stats = build_rows([_scored(FIRST, SECOND)], "trajectory", max_prompt_length=5, max_response_length=4)
+    assert rows[1].input_ids == [3, 10, 11, 20, 21, 12] and rows[1].prompt_len == 5
+    assert stats.truncated_rows == 1 and stats.truncated_prompts == 1
+
+
+def test_length_limits_must_be_positive_integers() -> None:
+    with pytest.raises(ValueError, match="max_prompt_length must be a positive integer or None, got 0"):
+        build_rows([], "transition", max_prompt_length=0)
+    with pytest.raises(ValueError, match="max_response_length"):
+        build_rows([], "transition", max_response_length=2.5)  # type: ignore[arg-type]

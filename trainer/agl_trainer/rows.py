@@ -17,6 +17,15 @@ Every response token of a rollout carries the rollout's advantage for its step, 
 its weight: the rollout's one unit of loss weight spread over all its response tokens
 (in every row of it), so a rollout counts once however many calls and tokens it made.
 
+Lengths: with ``max_prompt_length`` a row's prompt (the tokens before its first
+response token) keeps its last ``max_prompt_length`` tokens, the most recent context;
+with ``max_response_length`` everything after the prompt (responses and the tool tokens
+between them) is cut at that length, and the loss tokens beyond it are dropped. In
+trajectory mode a call that would push the merged row past ``max_response_length``
+starts a new row instead, so merging never costs loss tokens that a row of their own
+would keep. Each row cut is counted (:attr:`RowStats.truncated_rows`), and the rollout's
+unit of loss weight is spread over the loss tokens that are left.
+
 Transitions without token ids (no gateway in front of the model, and no ids in the
 response) cannot be trained on and are counted, not guessed; transitions without
 logprobs are kept, and the backend computes their sampling logprobs from the current
@@ -76,6 +85,14 @@ class RowStats:
     """Trajectory mode: a call whose prompt did not extend the previous call's prompt + response."""
     no_token_ids: int = 0
     no_logprobs: int = 0
+    truncated_rows: int = 0
+    """Rows cut to ``max_prompt_length`` / ``max_response_length`` (either or both)."""
+    truncated_prompts: int = 0
+    truncated_responses: int = 0
+    dropped_loss_tokens: int = 0
+    """Response tokens cut off the end of a row: sampled, but not trained on."""
+    length_splits: int = 0
+    """Trajectory mode: a call that started a new row because the merged one would pass ``max_response_length``."""
     tokens: int = 0
     loss_tokens: int = 0
     token_sources: dict[str, int] = field(default_factory=dict)
@@ -103,6 +120,30 @@ class _Open:
         prompt = t.prompt_token_ids or []
         return len(prompt) >= len(self.ids) and prompt[:len(self.ids)] == self.ids
 
+    def response_length_with(self, t: Transition) -> int:
+        """The response part's length (after the first prompt) once ``t`` is appended."""
+        return len(t.prompt_token_ids or []) + len(t.response_token_ids or []) - self.prompt_len
+
+    def truncate(self, max_prompt: int | None, max_response: int | None, stats: RowStats) -> None:
+        cut = False
+        if max_prompt is not None and self.prompt_len > max_prompt:
+            drop = self.prompt_len - max_prompt
+            self.ids, self.mask, self.adv = self.ids[drop:], self.mask[drop:], self.adv[drop:]
+            if self.lp is not None:
+                self.lp = self.lp[drop:]
+            self.prompt_len = max_prompt
+            stats.truncated_prompts += 1
+            cut = True
+        if max_response is not None and len(self.ids) - self.prompt_len > max_response:
+            end = self.prompt_len + max_response
+            stats.dropped_loss_tokens += sum(self.mask[end:])
+            self.ids, self.mask, self.adv = self.ids[:end], self.mask[:end], self.adv[:end]
+            if self.lp is not None:
+                self.lp = self.lp[:end]
+            stats.truncated_responses += 1
+            cut = True
+        stats.truncated_rows += cut
+
     def append(self, t: Transition, advantage: float) -> None:
         prompt = list(t.prompt_token_ids or [])
         response = list(t.response_token_ids or [])
@@ -117,14 +158,22 @@ class _Open:
         self.transitions += 1
 
 
-def build_rows(scored: Iterable[ScoredRollout], mode: RowMode = "transition") -> tuple[list[Row], RowStats]:
-    """The rows of a batch of scored rollouts, and what was merged, skipped and counted on the way."""
+def build_rows(scored: Iterable[ScoredRollout], mode: RowMode = "transition", *,
+               max_prompt_length: int | None = None, max_response_length: int | None = None
+               ) -> tuple[list[Row], RowStats]:
+    """The rows of a batch of scored rollouts, and what was merged, cut, skipped and counted on the way."""
     if mode not in ("transition", "trajectory"):
         raise ValueError(f"mode must be 'transition' or 'trajectory', got {mode!r}")
+    for name, value in (("max_prompt_length", max_prompt_length), ("max_response_length", max_response_length)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
     stats = RowStats()
     rows: list[Row] = []
     for item in scored:
-        built = _rows_of(item, mode, stats)
+        built = _rows_of(item, mode, stats, max_response_length)
+        for o in built:
+            o.truncate(max_prompt_length, max_response_length, stats)
+        built = [o for o in built if sum(o.mask)]
         if not built:
             continue
         stats.rollouts += 1
@@ -141,7 +190,7 @@ def build_rows(scored: Iterable[ScoredRollout], mode: RowMode = "transition") ->
     return rows, stats
 
 
-def _rows_of(item: ScoredRollout, mode: RowMode, stats: RowStats) -> list[_Open]:
+def _rows_of(item: ScoredRollout, mode: RowMode, stats: RowStats, max_response: int | None) -> list[_Open]:
     built: list[_Open] = []
     current: _Open | None = None
     transitions: Sequence[Transition] = item.trajectory.transitions
@@ -157,10 +206,13 @@ def _rows_of(item: ScoredRollout, mode: RowMode, stats: RowStats) -> list[_Open]
             stats.no_logprobs += 1
         if mode == "trajectory" and current is not None:
             if current.extends(t):
-                current.append(t, advantage)
-                stats.merged += 1
-                continue
-            stats.prefix_mismatches += 1
+                if max_response is None or current.response_length_with(t) <= max_response:
+                    current.append(t, advantage)
+                    stats.merged += 1
+                    continue
+                stats.length_splits += 1
+            else:
+                stats.prefix_mismatches += 1
         current = _Open(item, t, advantage)
         built.append(current)
     return built

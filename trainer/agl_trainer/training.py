@@ -14,7 +14,17 @@ Each step reads as its stages:
 4. **rows**: :func:`agl_trainer.rows.build_rows`, per transition or per trajectory;
 5. **update**: :meth:`agl_trainer.torch_backend.TorchBackend.update`;
 6. **publish**: the new weights into the serving engine, and the server's model version
-   moves on, so the next step's calls are sampled from (and recorded as) the new policy.
+   moves on, so the next step's calls are sampled from (and recorded as) the new policy;
+7. **record**: the step's metrics (reward, loss, KL, rollouts/s, ...) go to the server
+   (``record_metrics``: its dashboard and ``GET /v1/metrics`` draw them), and with
+   ``curves_dir`` the reward and loss curves are redrawn as PNG.
+
+The server is reached through a link: :class:`LocalServer` (a :class:`TrainerServer`
+in this process, its queue and store used directly, new weights copied into its
+engine in memory) or :class:`RemoteServer` (``agl serve`` anywhere, over HTTP: tasks
+enqueued with ``POST /v1/tasks``, trajectories read back and rebuilt here from the
+stored spans with this run's ``TransitionBuilder``, new weights written as a
+safetensors file the server can read and announced with ``POST /v1/model``).
 
 A checkpoint (weights, optimizer, step, history) is written every ``checkpoint_every``
 steps and at the end; :meth:`Trainer.resume` picks it up.
@@ -23,12 +33,13 @@ steps and at the end; :meth:`Trainer.resume` picks it up.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol
 
 from agl_core.credit import Credit
 from agl_core.schema import Trajectory
@@ -37,7 +48,10 @@ from agl_trainer.rows import RowMode, build_rows
 from agl_trainer.server import TrainerServer
 from agl_trainer.torch_backend import TorchBackend
 
-__all__ = ["StepResult", "TrainConfig", "Trainer"]
+__all__ = ["LocalServer", "RemoteServer", "ServerLink", "StepResult", "TrainConfig", "Trainer", "load_history",
+           "write_curves"]
+
+logger = logging.getLogger("agl.trainer")
 
 
 @dataclass
@@ -55,6 +69,12 @@ class TrainConfig:
     max_attempts: int = 2
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10
+    max_prompt_length: int | None = None
+    """Rows' prompts keep their last this many tokens (:func:`agl_trainer.rows.build_rows`)."""
+    max_response_length: int | None = None
+    """Rows' responses (with the tool tokens between them) are cut at this many tokens."""
+    curves_dir: str | None = None
+    """Where ``reward_curve.png`` and ``loss_curve.png`` are redrawn after each step; None: not drawn."""
 
 
 @dataclass
@@ -80,23 +100,188 @@ class StepResult:
     rollouts_per_s: float
     version: int
     time: float
+    truncated_rows: int = 0
+    """Rows cut to ``max_prompt_length`` / ``max_response_length``."""
     metrics: dict[str, float] = field(default_factory=dict)
+    """The update's numbers: ``loss``, ``pg``, ``kl``, ``clip_fraction``, ``approx_kl``, ``grad_norm``, ..."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepResult:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
-class Trainer:
-    """Trains the policy behind ``server``'s gateway on ``tasks`` (each a JSON payload the agent understands).
+    def values(self) -> dict[str, float]:
+        """The step as flat named numbers, as the server's ``record_metrics`` stores them."""
+        out = {"reward_mean": self.reward, "final_reward_mean": self.final_reward, "rollouts": float(self.rollouts),
+               "failed_rollouts": float(self.failed_rollouts), "failed_tasks": float(self.failed_tasks),
+               "transitions": float(self.transitions), "rows": float(self.rows), "merged": float(self.merged),
+               "prefix_mismatches": float(self.prefix_mismatches), "truncated_rows": float(self.truncated_rows),
+               "rollout_s": self.rollout_s, "update_s": self.update_s, "rollouts_per_s": self.rollouts_per_s,
+               "version": float(self.version)}
+        for key, value in self.metrics.items():
+            out.setdefault(key, float(value))
+        return out
 
-    ``engine`` is the :class:`~agl_trainer.engine.TorchEngine` serving the policy (the
-    server's backend); ``backend`` holds the copy being trained.
+
+class ServerLink(Protocol):
+    """What the training loop needs from the agl server, wherever it runs."""
+
+    def enqueue(self, tasks: Sequence[Any], task_ids: Sequence[str], *, repeat: int, max_attempts: int
+                ) -> list[str]: ...
+
+    def finished(self, task_ids: Sequence[str]) -> dict[str, str | None]:
+        """Of ``task_ids``, those done (-> their rollout id) or failed for good (-> None)."""
+        ...
+
+    def trajectories(self, rollout_ids: Sequence[str]) -> tuple[list[Trajectory], list[str]]:
+        """The rollouts' trajectories, and the errors of those whose agent raised."""
+        ...
+
+    def publish(self, backend: TorchBackend) -> int:
+        """Serve the backend's weights from now on; return their version."""
+        ...
+
+    def record_metrics(self, step: int, values: dict[str, float]) -> None: ...
+
+
+class LocalServer:
+    """A :class:`TrainerServer` in this process, serving the policy from ``engine`` (a TorchEngine)."""
+
+    def __init__(self, server: TrainerServer, engine: Any) -> None:
+        self.server = server
+        self.engine = engine
+
+    def enqueue(self, tasks: Sequence[Any], task_ids: Sequence[str], *, repeat: int, max_attempts: int
+                ) -> list[str]:
+        from agl_trainer.queue import TaskSpec
+
+        specs = [TaskSpec(task, task_id) for task, task_id in zip(tasks, task_ids, strict=True)]
+        return self.server.queue.enqueue(specs, repeat=repeat, max_attempts=max_attempts)
+
+    def finished(self, task_ids: Sequence[str]) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for task_id in task_ids:
+            info = self.server.queue.get(task_id)
+            if info is None or info.state in ("done", "failed"):
+                out[task_id] = info.rollout_id if info is not None and info.state == "done" else None
+        return out
+
+    def trajectories(self, rollout_ids: Sequence[str]) -> tuple[list[Trajectory], list[str]]:
+        errors = []
+        for rollout_id in rollout_ids:
+            rollout = self.server.store.get_rollout(rollout_id, with_spans=False)
+            if rollout is not None and rollout.status != "succeeded":
+                errors.append(rollout.error or rollout.status)
+        return self.server.store.trajectories(rollout_ids=list(rollout_ids)), errors
+
+    def publish(self, backend: TorchBackend) -> int:
+        version = backend.publish(self.engine, version=max(self.server.model.version + 1, backend.step))
+        self.server.model.set(version, None)
+        return version
+
+    def record_metrics(self, step: int, values: dict[str, float]) -> None:
+        self.server.record_metrics(step, values)
+
+
+class RemoteServer:
+    """``agl serve`` at ``url``, over HTTP; its engine loads the weights this trainer writes into ``weights_dir``.
+
+    ``weights_dir`` must be a folder the server can read at the same path (this machine, or a
+    shared file system). Each publish writes ``v{version}.safetensors`` there, posts
+    ``{"version", "weights": path}`` to ``/v1/model`` (the server answers once its engine has
+    swapped them in), then deletes the file of the version before, so one copy stays on disk.
+    ``builder`` (a ``TransitionBuilder``) rebuilds each rollout's trajectory from its stored spans,
+    which carry the gateway's token ids, so this run's ``agent_match`` and AIR rules decide what
+    is trained whatever the server was started with; None: the server's own transitions.
     """
 
-    def __init__(self, server: TrainerServer, backend: TorchBackend, engine: Any, tasks: Sequence[Any],
+    def __init__(self, url: str, token: str | None = None, *, weights_dir: str | os.PathLike[str],
+                 builder: Any = None, poll_s: float = 0.25, timeout: float = 600.0) -> None:
+        from agl_core.store.http import HttpStore
+        from agl_core.worker import TaskClient
+
+        self.tasks = TaskClient(url, token, timeout=timeout)
+        self.store = HttpStore(url, token, timeout=timeout)
+        self.weights_dir = os.path.abspath(os.fspath(weights_dir))
+        self.builder = builder
+        self.poll_s = poll_s
+        self._last_weights: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.tasks.url
+
+    def enqueue(self, tasks: Sequence[Any], task_ids: Sequence[str], *, repeat: int, max_attempts: int
+                ) -> list[str]:
+        return self.tasks.enqueue(list(tasks), repeat=repeat, max_attempts=max_attempts, task_ids=list(task_ids))
+
+    def finished(self, task_ids: Sequence[str]) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for task_id in task_ids:
+            info = self.tasks.task(task_id)
+            if info.get("state") in ("done", "failed"):
+                out[task_id] = info.get("rollout_id") if info.get("state") == "done" else None
+        if len(out) < len(task_ids):
+            time.sleep(self.poll_s)  # each poll is a request per task: not faster than this
+        return out
+
+    def trajectories(self, rollout_ids: Sequence[str]) -> tuple[list[Trajectory], list[str]]:
+        runs = [r for r in (self.store.get_rollout(i, with_spans=self.builder is not None) for i in rollout_ids)
+                if r is not None]
+        errors = [r.error or r.status for r in runs if r.status != "succeeded"]
+        if self.builder is None:
+            return self.store.trajectories(rollout_ids=[r.id for r in runs]) if runs else [], errors
+        return [self.builder.build(r) for r in runs], errors
+
+    def current_version(self) -> int:
+        _, data = self.tasks.client.request("GET", "/v1/model")
+        return int(data.get("version") or 0)
+
+    def publish(self, backend: TorchBackend) -> int:
+        from safetensors.torch import save_file
+
+        version = max(self.current_version() + 1, backend.step)
+        os.makedirs(self.weights_dir, exist_ok=True)
+        path = os.path.join(self.weights_dir, f"v{version}.safetensors")
+        # clones: safetensors refuses tensors that share memory (tied embeddings)
+        state = {k: v.detach().to("cpu").clone().contiguous() for k, v in backend.serving_state_dict().items()}
+        save_file(state, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        self.tasks.client.request("POST", "/v1/model", {"version": version, "weights": path})
+        backend.version = version
+        if self._last_weights is not None and self._last_weights != path:
+            try:
+                os.remove(self._last_weights)
+            except OSError:
+                pass
+        self._last_weights = path
+        return version
+
+    def record_metrics(self, step: int, values: dict[str, float]) -> None:
+        self.tasks.client.request("POST", "/v1/metrics", {"step": step, "values": values})
+
+    def close(self) -> None:
+        self.tasks.close()
+        self.store.close()
+
+
+class Trainer:
+    """Trains the policy behind the server's gateway on ``tasks`` (each a JSON payload the agent understands).
+
+    ``server`` is a :class:`TrainerServer` in this process (then ``engine`` is the
+    :class:`~agl_trainer.engine.TorchEngine` it serves the policy from) or any
+    :class:`ServerLink`, such as :class:`RemoteServer` (then ``engine`` is unused);
+    ``backend`` holds the copy being trained.
+    """
+
+    def __init__(self, server: TrainerServer | ServerLink, backend: TorchBackend, engine: Any, tasks: Sequence[Any],
                  config: TrainConfig | None = None) -> None:
         if not tasks:
             raise ValueError("tasks is empty: nothing to train on")
+        self.link: ServerLink = LocalServer(server, engine) if isinstance(server, TrainerServer) else server
         self.server = server
         self.backend = backend
         self.engine = engine
@@ -125,7 +310,7 @@ class Trainer:
         return self.history
 
     def step(self) -> StepResult:
-        """One step: enqueue, collect, score, rows, update, publish."""
+        """One step: enqueue, collect, score, rows, update, publish, record."""
         cfg = self.config
         step = self.backend.step
         started = time.perf_counter()
@@ -135,7 +320,8 @@ class Trainer:
         collected = time.perf_counter()
         scored, adv_stats = compute_advantages(trajectories, credit=cfg.credit, gamma=cfg.gamma,
                                                scale=cfg.scale_advantages)
-        rows, row_stats = build_rows(scored, cfg.row_mode)
+        rows, row_stats = build_rows(scored, cfg.row_mode, max_prompt_length=cfg.max_prompt_length,
+                                     max_response_length=cfg.max_response_length)
         metrics = self.backend.update(rows) if rows else {}
         if not rows:
             self.backend.step += 1  # nothing to learn from (every group flat or empty): the step still counts
@@ -150,54 +336,60 @@ class Trainer:
             prefix_mismatches=row_stats.prefix_mismatches, rollout_s=rollout_s,
             update_s=time.perf_counter() - collected,
             rollouts_per_s=len(trajectories) / rollout_s if rollout_s > 0 else 0.0, version=version,
-            time=time.time(), metrics={**metrics, "flat_groups": float(adv_stats.flat_groups),
-                                       "no_token_ids": float(row_stats.no_token_ids)})
+            time=time.time(), truncated_rows=row_stats.truncated_rows,
+            metrics={**metrics, "flat_groups": float(adv_stats.flat_groups),
+                     "no_token_ids": float(row_stats.no_token_ids),
+                     "dropped_loss_tokens": float(row_stats.dropped_loss_tokens)})
         self.history.append(result)
+        self._record(result)
         return result
 
     def publish(self) -> int:
         """Serve the trained weights from now on, under the next model version."""
-        version = self.backend.publish(self.engine, version=max(self.server.model.version + 1, self.backend.step))
-        self.server.model.set(version, None)
-        return version
+        return self.link.publish(self.backend)
+
+    def _record(self, result: StepResult) -> None:
+        """The step's metrics to the server, and the curves redrawn; neither may stop the training."""
+        try:
+            self.link.record_metrics(result.step, result.values())
+        except Exception as exc:  # noqa: BLE001 - a dashboard that is down must not cost a training step
+            logger.warning("agl train: could not record the metrics of step %d: %s", result.step, exc)
+        if self.config.curves_dir:
+            try:
+                write_curves(self.config.curves_dir, self.history)
+            except Exception as exc:  # noqa: BLE001 - a full disk is reported, the training goes on
+                logger.warning("agl train: could not draw the curves: %s", exc)
 
     # ------------------------------------------------------------------ stages
 
     def _enqueue(self, step: int) -> list[str]:
-        from agl_trainer.queue import TaskSpec
-
         cfg = self.config
         n = len(self.tasks)
-        specs = [TaskSpec(self.tasks[(step * cfg.tasks_per_step + j) % n], f"{self.run_id}-s{step}-t{j}")
-                 for j in range(cfg.tasks_per_step)]
-        return self.server.queue.enqueue(specs, repeat=cfg.group_size, max_attempts=cfg.max_attempts)
+        tasks = [self.tasks[(step * cfg.tasks_per_step + j) % n] for j in range(cfg.tasks_per_step)]
+        ids = [f"{self.run_id}-s{step}-t{j}" for j in range(cfg.tasks_per_step)]
+        return self.link.enqueue(tasks, ids, repeat=cfg.group_size, max_attempts=cfg.max_attempts)
 
     def _collect(self, task_ids: list[str]) -> tuple[list[Trajectory], list[str], int]:
         """The step's trajectories, the errors of the rollouts whose agent raised, and the tasks that failed."""
         deadline = time.monotonic() + self.config.step_timeout_s
-        pending = set(task_ids)
+        pending = list(task_ids)
         rollout_ids: list[str] = []
         failed = 0
         while pending:
-            for task_id in list(pending):
-                info = self.server.queue.get(task_id)
-                if info is None or info.state in ("done", "failed"):
-                    pending.discard(task_id)
-                    if info is not None and info.state == "done" and info.rollout_id:
-                        rollout_ids.append(info.rollout_id)
-                    else:
-                        failed += 1
+            finished = self.link.finished(pending)
+            for rollout_id in finished.values():
+                if rollout_id:
+                    rollout_ids.append(rollout_id)
+                else:
+                    failed += 1
+            pending = [t for t in pending if t not in finished]
             if pending:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{len(pending)} rollouts of this step did not finish within "
                                        f"{self.config.step_timeout_s:g} s: are workers running?")
                 time.sleep(0.02)
-        errors = []
-        for rollout_id in rollout_ids:
-            rollout = self.server.store.get_rollout(rollout_id, with_spans=False)
-            if rollout is not None and rollout.status != "succeeded":
-                errors.append(rollout.error or rollout.status)
-        return self.server.store.trajectories(rollout_ids=rollout_ids), errors, failed
+        trajectories, errors = self.link.trajectories(rollout_ids)
+        return trajectories, errors, failed
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -213,9 +405,28 @@ class Trainer:
         if folder is None or not TorchBackend.has_checkpoint(folder):
             return False
         extra = self.backend.load(folder)
-        self.history = [StepResult(**r) for r in extra.get("history", [])]
+        self.history = [StepResult.from_dict(r) for r in extra.get("history", [])]
         self.publish()
         return True
+
+
+def write_curves(folder: str | os.PathLike[str], history: Sequence[StepResult], *, title: str = "",
+                 target: float | None = None) -> tuple[str, str]:
+    """Draw ``reward_curve.png`` and ``loss_curve.png`` of ``history`` into ``folder``; return their paths."""
+    from agl_trainer.demo.curve import write_curve
+
+    os.makedirs(folder, exist_ok=True)
+    steps = [r.step for r in history]
+    reward = os.path.join(folder, "reward_curve.png")
+    write_curve(reward, steps, {"reward (return)": [r.reward for r in history],
+                                "final reward": [r.final_reward for r in history]},
+                title=title or "agl train: mean reward per rollout", target=target, ylabel="mean per rollout")
+    loss = os.path.join(folder, "loss_curve.png")
+    write_curve(loss, steps, {"loss": [r.metrics.get("loss", 0.0) for r in history],
+                              "kl to reference": [r.metrics.get("kl", 0.0) for r in history],
+                              "approx kl to sampler": [r.metrics.get("approx_kl", 0.0) for r in history]},
+                title=(title + ": loss") if title else "agl train: policy loss", ylabel="per rollout")
+    return reward, loss
 
 
 def load_history(folder: str | os.PathLike[str]) -> list[StepResult]:
@@ -224,4 +435,4 @@ def load_history(folder: str | os.PathLike[str]) -> list[StepResult]:
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
-        return [StepResult(**r) for r in json.load(f).get("history", [])]
+        return [StepResult.from_dict(r) for r in json.load(f).get("history", [])]

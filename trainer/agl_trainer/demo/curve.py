@@ -1,4 +1,4 @@
-"""The reward curve as a PNG: matplotlib when it is installed, else a small plot drawn pixel by pixel.
+"""Training curves (reward, loss) as PNG: matplotlib when it is installed, else a small plot drawn pixel by pixel.
 
 The fallback needs nothing beyond the standard library (``zlib`` for the PNG), so the
 demo always leaves a picture behind.
@@ -15,7 +15,7 @@ __all__ = ["write_curve"]
 
 
 def write_curve(path: str | os.PathLike[str], steps: Sequence[int], series: dict[str, Sequence[float]], *,
-                title: str = "", target: float | None = None) -> str:
+                title: str = "", target: float | None = None, ylabel: str = "mean per rollout") -> str:
     """Plot each named series against ``steps`` into ``path``; return which writer drew it."""
     try:
         import matplotlib
@@ -31,10 +31,10 @@ def write_curve(path: str | os.PathLike[str], steps: Sequence[int], series: dict
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("training step")
-    ax.set_ylabel("mean per rollout")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(os.fspath(path))
     plt.close(fig)

@@ -17,10 +17,11 @@ teaches it.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PolicySpec", "build_model", "build_tokenizer", "tool_call_text"]
+__all__ = ["PolicySpec", "build_model", "build_tokenizer", "save_policy", "tool_call_text"]
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}"
@@ -81,3 +82,32 @@ def build_model(tokenizer: Any, spec: PolicySpec, *, seed: int = 0, hidden: int 
             head.bias[tokenizer.convert_tokens_to_ids(token)] = PRIOR
     model.lm_head = head
     return model.eval()
+
+
+def save_policy(folder: str | os.PathLike[str], lockers: Any, *, seed: int = 0, hidden: int = 64,
+                layers: int = 2) -> str:
+    """The demo's policy as a Hugging Face folder (model and tokenizer) that ``agl train`` and ``agl serve`` load.
+
+    A Phi rather than :func:`build_model`'s Llama: Phi's output layer has a bias of its own, so
+    the action prior survives ``save_pretrained`` / ``from_pretrained`` (Llama's head has none).
+    """
+    import torch
+    from transformers import PhiConfig, PhiForCausalLM
+
+    spec = PolicySpec(lockers.words(), [tool_call_text("unlock", {"code": c}) for c in lockers.codes],
+                      lockers.things)
+    tokenizer = build_tokenizer(spec)
+    torch.manual_seed(seed)
+    config = PhiConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=512,
+                       tie_word_embeddings=False, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id)
+    model = PhiForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.bias.zero_()
+        for token in [*spec.tool_calls, *spec.answers]:
+            model.lm_head.bias[tokenizer.convert_tokens_to_ids(token)] = PRIOR
+    os.makedirs(folder, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return os.fspath(folder)

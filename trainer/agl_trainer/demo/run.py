@@ -10,7 +10,7 @@ new weights into the engine after every step.
 It stops when the mean reward of the last ``--window`` steps reaches ``--target``
 (or after ``--steps`` steps or ``--minutes``), and leaves in ``--dir``: the store
 (``agl.db``: every rollout, span and transition), the checkpoint (``checkpoint/``),
-the reward curve (``reward_curve.png``) and a summary (``summary.md``). Run it again
+the reward and loss curves (``reward_curve.png``, ``loss_curve.png``) and a summary (``summary.md``). Run it again
 and it resumes from the checkpoint; ``--fresh`` starts over.
 """
 
@@ -176,15 +176,12 @@ def _train(trainer: Any, options: DemoOptions, started: float, folder: str) -> N
 
 def _report(options: DemoOptions, folder: str, steps: list[dict[str, Any]], reached: bool, wall: float,
             resumed: bool, rollouts: int, lockers: Any) -> tuple[str, str]:
-    """Write the reward curve and the summary; return their path and text."""
-    from agl_trainer.demo.curve import write_curve
+    """Write the reward and loss curves and the summary; return the reward curve's path and the summary."""
+    from agl_trainer.training import StepResult, write_curves
 
-    curve = os.path.join(folder, "reward_curve.png")
-    write_curve(curve, [s["step"] for s in steps],
-                {"reward (return)": [s["reward"] for s in steps],
-                 "final reward (answer)": [s["final_reward"] for s in steps]},
-                title=f"agl demo: LangChain locker agent, {options.lockers} lockers, tiny model on CPU",
-                target=options.target)
+    curve, _ = write_curves(folder, [StepResult.from_dict(s) for s in steps],
+                            title=f"agl demo: LangChain locker agent, {options.lockers} lockers, tiny model on CPU",
+                            target=options.target)
     summary = _summary(options, steps, reached, wall, resumed, rollouts, lockers)
     with open(os.path.join(folder, "summary.md"), "w", encoding="utf-8") as f:
         f.write(summary)

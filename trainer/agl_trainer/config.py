@@ -1,0 +1,506 @@
+"""``agl train config.yaml``: the typed training config, and errors that say which key is wrong and what it takes.
+
+A config is a YAML (or JSON) mapping of sections; every key has a default but
+``data.path``, ``agent`` and ``backend.model``::
+
+    data:
+      path: tasks.jsonl          # one task (a JSON value the agent understands) per line, or a JSON list
+      group_size: 8              # rollouts per task per step: one GRPO group
+      tasks_per_step: 4
+    agent: my_pkg.agent:solve    # an @agl.rollout_fn (a plain function is wrapped in one)
+    backend:
+      name: torch                # torch (built in, one machine) | verl (a Ray cluster of GPUs)
+      model: ./my-hf-model       # a Hugging Face causal LM folder
+      device: cpu
+      lora: {r: 8, alpha: 16}    # optional; needs peft
+    algorithm:
+      clip_epsilon: 0.2
+      kl_coef: 0.0
+      lr: 1.0e-5
+      row_mode: trajectory       # transition | trajectory
+      max_prompt_length: 4096
+      max_response_length: 1024
+    credit:
+      method: final              # final | discounted | custom
+      gamma: 1.0
+    agent_match: "writer|rewriter"
+    air: {tool_error: -0.1, tool_exception: -0.1}
+    workers: {count: 4}          # or {count: 8, ray: "auto"}; count 0: run `agl worker` yourself
+    server: {host: 127.0.0.1, port: 0, db: agl.db}    # or {url: "http://host:8000", token: ...}
+    run: {steps: 100, dir: agl-train}
+
+Relative paths (``data.path``, ``backend.model``, ``server.db``, ``run.dir``, ...) are
+taken from the config file's folder. ``--set a.b=c`` overrides one key (the value is
+read as a YAML scalar: ``--set algorithm.lr=3e-4``, ``--set backend.lora=null``).
+
+Every problem is a :class:`ConfigError` whose message names the key by its dotted
+path and, where the choices are few, lists them::
+
+    config error: algorithm.row_mode: 'rows' is not one of: transition, trajectory
+    config error: algorithm.rowmode: unknown key (did you mean row_mode?); allowed: clip_epsilon, ...
+
+and :func:`load_config` raises it before anything starts: the data file is read,
+the model folder and the agent's module are looked up, and nothing is built.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import math
+import os
+import re
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
+
+__all__ = [
+    "AirConfig", "AlgorithmConfig", "BackendConfig", "Config", "ConfigError", "CreditConfig", "DataConfig",
+    "LoraConfig", "RunConfig", "ServerSection", "VerlConfig", "WorkersConfig", "apply_overrides", "load_config",
+    "load_tasks",
+]
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a number")
+    return value
+
+
+Int = Annotated[int, Strict()]
+Float = Annotated[float, BeforeValidator(_no_bool)]
+Bool = Annotated[bool, Strict()]
+PosInt = Annotated[int, Strict(), Field(gt=0)]
+
+_AGENT = r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$"
+_DEVICE = r"^(cpu|cuda(:\d+)?|mps)$"
+_PATTERN_HINTS = {_AGENT: "must look like pkg.module:function", _DEVICE: "is not one of: cpu, cuda, cuda:N, mps"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    """The data set: which tasks, how many at a time, how many rollouts of each."""
+
+    path: str
+    """A JSONL file (one task per line) or a JSON file holding a list of tasks."""
+    group_size: PosInt = 8
+    tasks_per_step: PosInt = 4
+
+
+class LoraConfig(_Section):
+    r: PosInt = 8
+    alpha: PosInt = 16
+    dropout: Annotated[Float, Field(ge=0.0, lt=1.0)] = 0.0
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class VerlConfig(_Section):
+    """verl's side, with ``backend.name: verl`` (see docs/verl.md)."""
+
+    ray_address: str | None = None
+    """The Ray cluster (``ray.init`` address; None: ``RAY_ADDRESS`` or a local one)."""
+    nnodes: PosInt = 1
+    n_gpus_per_node: PosInt = 8
+    rollout_engine: Literal["vllm", "sglang"] = "vllm"
+    tensor_parallel_size: PosInt = 1
+    gpu_memory_utilization: Annotated[Float, Field(gt=0.0, le=1.0)] = 0.6
+    ppo_mini_batch_size: PosInt = 16
+    ppo_micro_batch_size_per_gpu: PosInt = 4
+    advantages: Literal["agl", "grpo", "rloo"] = "agl"
+    """agl: agl's per-rollout group advantages (LightningRL); grpo/rloo: verl's estimators on the scores."""
+    overrides: list[str] = Field(default_factory=list)
+    """More of verl's own config, as its Hydra overrides (``trainer.val_before_train=false``), passed as given."""
+
+
+class BackendConfig(_Section):
+    name: Literal["torch", "verl"] = "torch"
+    model: str
+    """A Hugging Face causal LM: a local folder (torch); a folder or hub name on the cluster (verl)."""
+    device: Annotated[str, Field(pattern=_DEVICE)] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraConfig | None = None
+    epochs: PosInt = 1
+    minibatches: PosInt = 1
+    max_tokens_per_forward: PosInt = 16384
+    threads: PosInt | None = None
+    """torch CPU threads (None: torch's default)."""
+    max_batch: PosInt = 8
+    """The built-in engine's most sequences per batch."""
+    verl: VerlConfig = Field(default_factory=VerlConfig)
+
+
+class AlgorithmConfig(_Section):
+    clip_epsilon: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
+    clip_epsilon_high: Annotated[Float, Field(gt=0.0)] | None = None
+    """The ratio's upper clip (DAPO's clip-higher); None: ``clip_epsilon``."""
+    kl_coef: Annotated[Float, Field(ge=0.0)] = 0.0
+    lr: Annotated[Float, Field(gt=0.0)] = 1e-5
+    weight_decay: Annotated[Float, Field(ge=0.0)] = 0.0
+    max_grad_norm: Annotated[Float, Field(gt=0.0)] | None = 1.0
+    row_mode: Literal["transition", "trajectory"] = "trajectory"
+    max_prompt_length: PosInt | None = None
+    max_response_length: PosInt | None = None
+    scale_advantages: Bool = True
+    """Divide by the group's std (GRPO); false: only the mean is taken away (Dr. GRPO)."""
+    temperature: Annotated[Float, Field(gt=0.0)] | None = 1.0
+    """Sampling temperature the gateway enforces (the recorded logprobs are of this distribution); None: the agent's."""
+
+
+class CreditConfig(_Section):
+    method: Literal["final", "discounted", "custom"] = "final"
+    gamma: Annotated[Float, Field(ge=0.0, le=1.0)] = 1.0
+    function: Annotated[str, Field(pattern=_AGENT)] | None = None
+    """With ``method: custom``: ``pkg.module:fn``, ``fn(rewards, final) -> list[float | None]``."""
+
+
+class AirConfig(_Section):
+    """Automatic intermediate rewards: system signal -> reward (``agl.AirRules``); null: no reward."""
+
+    tool_ok: Float | None = None
+    tool_error: Float | None = None
+    tool_exception: Float | None = None
+    tool_timeout: Float | None = None
+    malformed_tool_call: Float | None = None
+
+
+class WorkersConfig(_Section):
+    count: Annotated[int, Strict(), Field(ge=0)] = 4
+    """Rollouts at a time (threads here, or Ray actors); 0: none started, run ``agl worker`` yourself."""
+    ray: str | None = None
+    """A Ray address (``auto``, ``ray://host:10001``; ``local`` starts one here): workers as Ray actors."""
+    actor_cpus: Annotated[Float, Field(gt=0.0)] = 1.0
+
+
+class ServerSection(_Section):
+    url: str | None = None
+    """An ``agl serve`` already running: train against it over HTTP. None: start one in this process."""
+    host: str = "127.0.0.1"
+    port: Annotated[int, Strict(), Field(ge=0, le=65535)] = 0
+    db: str = "agl.db"
+    token: str | None = None
+    """Bearer token (default ``$AGL_TOKEN``); required when ``host`` is not a loopback address."""
+    weights_dir: str | None = None
+    """With ``url``: where new weights are written for the server to load (default ``<run.dir>/weights``)."""
+    max_attempts: PosInt = 2
+    lease_timeout_s: Annotated[Float, Field(gt=0.0)] = 600.0
+
+
+class RunConfig(_Section):
+    steps: PosInt = 100
+    dir: str = "agl-train"
+    """Checkpoint, curves and summary go here."""
+    checkpoint_every: PosInt = 10
+    step_timeout_s: Annotated[Float, Field(gt=0.0)] = 600.0
+    seed: Int = 0
+    resume: Bool = True
+    """Continue from the checkpoint in ``dir`` when there is one."""
+
+
+class Config(_Section):
+    """One training run, as ``agl train`` reads it."""
+
+    data: DataConfig
+    agent: Annotated[str, Field(pattern=_AGENT)]
+    backend: BackendConfig
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    credit: CreditConfig = Field(default_factory=CreditConfig)
+    agent_match: str | None = None
+    """Regex of the agent names whose LLM calls are trained (None: every call)."""
+    air: AirConfig = Field(default_factory=AirConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    server: ServerSection = Field(default_factory=ServerSection)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    base_dir: str = Field(default=".", exclude=True)
+    """The config file's folder: relative paths are taken from here (not a key of the file)."""
+
+    def path(self, value: str) -> str:
+        """``value`` as an absolute path, relative ones taken from the config file's folder."""
+        return value if os.path.isabs(value) else os.path.normpath(os.path.join(self.base_dir, value))
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; ``key`` is the dotted path of the key at fault ("" for the whole file)."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(f"config error: {key}: {problem}" if key else f"config error: {problem}")
+
+
+class ConfigErrors(ConfigError):
+    """Several problems at once; the message has one ``config error:`` line per problem."""
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        self.errors = list(errors)
+        ValueError.__init__(self, "\n".join(str(e) for e in self.errors))
+        self.key, self.problem = self.errors[0].key, self.errors[0].problem
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *, check_files: bool = True) -> Config:
+    """Read, override, validate and check ``path``; raise :class:`ConfigError` naming the first bad key(s)."""
+    import yaml
+
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("", f"no such config file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("", f"cannot read {path}: {exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError("", f"{path}{where} is not valid YAML: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("", f"{path} must hold a mapping of sections (data, agent, backend, ...), "
+                              f"got a {type(raw).__name__}")
+    raw = apply_overrides(raw, overrides)
+    config = validate(raw, base_dir=str(file.resolve().parent))
+    if check_files:
+        check(config)
+    return config
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``raw`` with each ``a.b=c`` set (``c`` read as YAML); a copy, ``raw`` is left alone."""
+    import copy
+
+    import yaml
+
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError("", f"--set {item}: expected KEY=VALUE with a dotted KEY, e.g. algorithm.lr=1e-5")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        node = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[:i + 1])
+                raise ConfigError(where, f"is {_show(child)}, not a section: --set {key} cannot go inside it")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:
+    """The :class:`Config` of ``raw``, or :class:`ConfigError` in our words (never pydantic's dump)."""
+    if "base_dir" in raw:
+        raise ConfigError("base_dir", _unknown("base_dir", Config))
+    try:
+        config = Config.model_validate({**raw, "base_dir": base_dir})
+    except ValidationError as exc:
+        errors = [_explain(e) for e in exc.errors(include_url=False)]
+        raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
+    _cross_check(config)
+    return config
+
+
+def _cross_check(config: Config) -> None:
+    """What one key's type cannot say alone."""
+    credit = config.credit
+    if credit.method == "custom" and credit.function is None:
+        raise ConfigError("credit.function", "required with credit.method: custom (pkg.module:function)")
+    if credit.method != "custom" and credit.function is not None:
+        raise ConfigError("credit.function", f"is only used with credit.method: custom, not {credit.method}")
+    if config.agent_match is not None:
+        try:
+            re.compile(config.agent_match)
+        except re.error as exc:
+            raise ConfigError("agent_match", f"{config.agent_match!r} is not a valid regular expression: {exc}"
+                              ) from None
+    high = config.algorithm.clip_epsilon_high
+    if high is not None and high < config.algorithm.clip_epsilon:
+        raise ConfigError("algorithm.clip_epsilon_high", f"must be at least algorithm.clip_epsilon "
+                          f"({config.algorithm.clip_epsilon:g}), got {high:g}")
+    if config.server.url is not None and not re.match(r"^https?://[^/\s]+", config.server.url):
+        raise ConfigError("server.url", f"must be an http:// or https:// URL, got {config.server.url!r}")
+    if config.workers.ray is not None and config.workers.count == 0:
+        raise ConfigError("workers.count", "must be at least 1 with workers.ray (the number of Ray actors)")
+
+
+def check(config: Config) -> None:
+    """The files and modules the config names exist: the data set loads, the model folder, the agent's module."""
+    load_tasks(config)
+    if config.backend.name == "torch":
+        model = config.path(config.backend.model)
+        if not os.path.isdir(model):
+            raise ConfigError("backend.model", f"no such folder: {model} (the torch backend needs a local "
+                                               "Hugging Face model folder)")
+        if not os.path.exists(os.path.join(model, "config.json")):
+            raise ConfigError("backend.model", f"{model} has no config.json: not a Hugging Face model folder")
+    for key, spec in (("agent", config.agent), ("credit.function", config.credit.function)):
+        if spec is None:
+            continue
+        module = spec.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise ConfigError(key, f"no module {module!r} to import (for {spec}); is it on PYTHONPATH?")
+
+
+def load_tasks(config: Config) -> list[Any]:
+    """The data set's tasks: JSONL (one JSON value a line, blank lines skipped) or one JSON list."""
+    path = config.path(config.data.path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError("data.path", f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("data.path", f"cannot read {path}: {exc}") from None
+    tasks: list[Any]
+    if path.endswith(".json"):
+        try:
+            loaded = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError("data.path", f"{path} is not JSON: {exc}") from None
+        if not isinstance(loaded, list):
+            raise ConfigError("data.path", f"{path} must hold a JSON list of tasks, got a {type(loaded).__name__}")
+        tasks = loaded
+    else:
+        tasks = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                tasks.append(json.loads(line))
+            except ValueError as exc:
+                raise ConfigError("data.path", f"{path} line {number} is not JSON: {exc}") from None
+    if not tasks:
+        raise ConfigError("data.path", f"{path} holds no tasks")
+    return tasks
+
+
+# ---------------------------------------------------------------------- pydantic's errors, in our words
+
+
+def _explain(error: Any) -> ConfigError:
+    loc = [p for p in error["loc"] if isinstance(p, str | int)]
+    key = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[")
+    kind = error["type"]
+    value = error.get("input")
+    ctx = error.get("ctx") or {}
+    field_type = _annotation(loc)
+    if kind == "extra_forbidden":
+        return ConfigError(key, _unknown(str(loc[-1]), _model_at(loc[:-1])))
+    if kind == "missing":
+        return ConfigError(key, "is required, and missing")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        model = _model_at(loc)
+        allowed = f" (keys: {', '.join(_keys(model))})" if model is not None else ""
+        return ConfigError(key, f"must be a mapping{allowed}, got {_show(value)}")
+    if kind == "literal_error":
+        return ConfigError(key, f"{_show(value)} is not one of: {', '.join(_literal_values(field_type))}")
+    if kind == "string_pattern_mismatch":
+        hint = _PATTERN_HINTS.get(str(ctx.get("pattern")), f"must match {ctx.get('pattern')}")
+        if hint.startswith("is not"):
+            return ConfigError(key, f"{_show(value)} {hint}")
+        return ConfigError(key, f"{hint}, got {_show(value)}")
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return ConfigError(key, f"{_show(value)} is not an integer")
+    if kind in ("float_type", "float_parsing") or (kind == "value_error" and isinstance(value, bool)):
+        return ConfigError(key, f"{_show(value)} is not a number")
+    if kind in ("bool_type", "bool_parsing"):
+        return ConfigError(key, f"{_show(value)} is not true or false")
+    if kind in ("string_type",):
+        return ConfigError(key, f"{_show(value)} is not a string")
+    if kind in ("list_type",):
+        return ConfigError(key, f"must be a list, got {_show(value)}")
+    if kind == "finite_number":
+        return ConfigError(key, f"{_show(value)} is not a finite number")
+    bounds = {"greater_than": "greater than", "greater_than_equal": "at least", "less_than": "less than",
+              "less_than_equal": "at most"}
+    if kind in bounds:
+        limit = next(iter(ctx.values()))
+        return ConfigError(key, f"must be {bounds[kind]} {limit:g}, got {_show(value)}")
+    message = str(error.get("msg", kind))
+    return ConfigError(key, message.removeprefix("Value error, "))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return str(value)
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The types inside ``X | None``, ``Annotated[X, ...]``."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for a in typing.get_args(annotation) for t in _unwrap(a)]
+    return [annotation]
+
+
+def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = Config
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        found = [t for t in _unwrap(model.model_fields[part].annotation)
+                 if isinstance(t, type) and issubclass(t, BaseModel)]
+        model = found[0] if found else None
+    return model
+
+
+def _annotation(loc: Sequence[Any]) -> Any:
+    if not loc:
+        return None
+    model = _model_at(loc[:-1])
+    if model is None or not isinstance(loc[-1], str) or loc[-1] not in model.model_fields:
+        return None
+    return model.model_fields[loc[-1]].annotation
+
+
+def _literal_values(annotation: Any) -> list[str]:
+    return [str(v) for t in _unwrap(annotation) if typing.get_origin(t) is Literal for v in typing.get_args(t)]
+
+
+def _keys(model: type[BaseModel] | None) -> list[str]:
+    if model is None:
+        return []
+    return [name for name, f in model.model_fields.items() if not f.exclude]
+
+
+def _unknown(name: str, model: type[BaseModel] | None) -> str:
+    keys = _keys(model)
+    close = difflib.get_close_matches(name, keys, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown key{hint}; allowed: {', '.join(keys)}"

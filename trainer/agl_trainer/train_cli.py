@@ -1,0 +1,349 @@
+"""``agl train config.yaml``: a training run from a typed config (:mod:`agl_trainer.config`).
+
+    agl train train.yaml
+    agl train train.yaml --set algorithm.lr=3e-4 --set run.steps=20
+    agl train train.yaml --check          # validate, load the data set, and stop
+
+With the torch backend it starts, in this process: the agl server on
+``server.host:port`` (SQLite store, task queue, gateway) serving ``backend.model``
+from the built-in torch engine, ``workers.count`` worker threads (or Ray actors with
+``workers.ray``) running the agent against the gateway, and the LightningRL loop
+(:class:`agl_trainer.training.Trainer`). With ``server.url`` it trains against an
+``agl serve`` that is already running, over HTTP. With ``backend.name: verl`` it hands
+over to :func:`agl_trainer.verl_backend.launch` (a Ray cluster with GPUs).
+
+It leaves in ``run.dir``: the checkpoint (a second run resumes from it), the reward and
+loss curves (``reward_curve.png``, ``loss_curve.png``), ``summary.json``, and (with a
+server of its own) the store ``server.db``. Every step's metrics also go to the server
+(``GET /v1/metrics``, the dashboard).
+
+Exit status: 0 when the run finished its steps, 2 for a config error (printed as
+``config error: KEY: PROBLEM`` before anything starts), 1 for a failure while running.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from agl_trainer.config import Config, ConfigError, load_config, load_tasks
+
+__all__ = ["TrainOutcome", "main", "run_training", "train"]
+
+logger = logging.getLogger("agl.trainer")
+
+
+@dataclass
+class TrainOutcome:
+    """What a run did: its steps (as dicts), where its files are, and whether it resumed."""
+
+    steps: list[dict[str, Any]]
+    folder: str
+    resumed: bool
+    wall_s: float
+    server_url: str
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@click.command("train", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override one key of the config (dotted path; the value is read as YAML); repeatable")
+@click.option("--check", is_flag=True, help="validate the config, load the data set, and stop")
+@click.option("--quiet", is_flag=True, help="no progress line")
+def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool) -> None:
+    """Train the model behind an agent with LightningRL, as CONFIG (YAML) says."""
+    try:
+        config = load_config(config_path, overrides)
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    if check:
+        tasks = load_tasks(config)
+        click.echo(f"agl train: {config_path} is valid: {len(tasks)} tasks, backend {config.backend.name}, "
+                   f"{config.run.steps} steps of {config.data.tasks_per_step} tasks x {config.data.group_size}")
+        return
+    try:
+        outcome = run_training(config, progress=not quiet)
+    except ConfigError as exc:  # found only once running (the agent's function, a module that raised on import)
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("agl train: interrupted; the same command resumes from the last checkpoint", err=True)
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - one clear line, not a traceback, for what went wrong while running
+        logger.debug("agl train failed", exc_info=True)
+        click.echo(f"agl train: failed: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+    steps = outcome.steps
+    if steps:
+        first, last = steps[0], steps[-1]
+        click.echo(f"agl train: {len(steps)} steps{' (resumed)' if outcome.resumed else ''}, reward "
+                   f"{first['reward']:.3f} at step {first['step']} -> {last['reward']:.3f} at step {last['step']}, "
+                   f"{outcome.wall_s:.0f} s")
+    for name, path in outcome.files.items():
+        click.echo(f"{name}: {path}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``agl train ARGS``, for a caller that passes argv (exit status returned, never raised)."""
+    try:
+        train.main(args=list(sys.argv[1:] if argv is None else argv), prog_name="agl train", standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+# ---------------------------------------------------------------------- the run
+
+
+def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
+    """Start what ``config`` asks for, train ``run.steps`` steps (or resume to it), stop it all; see the module."""
+    if config.backend.name == "verl":
+        from agl_trainer.verl_backend import launch
+
+        return launch(config)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    from agl_trainer.training import RemoteServer, Trainer
+
+    started = time.monotonic()
+    tasks = load_tasks(config)
+    folder = config.path(config.run.dir)
+    os.makedirs(folder, exist_ok=True)
+    if config.backend.threads:
+        torch.set_num_threads(config.backend.threads)
+    torch.manual_seed(config.run.seed)
+    builder = _builder(config)
+    token = config.server.token or os.environ.get("AGL_TOKEN") or None
+    backend, tokenizer = _torch_backend(config)
+    local = None
+    engine: Any = None
+    link: Any
+    if config.server.url:
+        weights = config.path(config.server.weights_dir) if config.server.weights_dir else \
+            os.path.join(folder, "weights")
+        link = RemoteServer(config.server.url, token, weights_dir=weights, builder=builder,
+                            timeout=config.run.step_timeout_s)
+        url = link.url
+    else:
+        local, engine = _local_server(config, builder, token, tokenizer)
+        link = local.server
+        url = local.url
+    worker = _start_workers(config, url, token)
+    trainer = Trainer(link, backend, engine, tasks, _train_config(config, folder))
+    bar = _Progress(config.run.steps, enabled=progress)
+    try:
+        resumed = config.run.resume and trainer.resume()
+        if resumed:
+            bar.note(f"agl train: resuming at step {backend.step} from {trainer.config.checkpoint_dir}")
+
+        def stop(history: list[Any]) -> bool:
+            last = history[-1]
+            if last.rollouts and last.failed_rollouts == last.rollouts:
+                raise RuntimeError(f"every rollout of step {last.step} failed; the first error: "
+                                   f"{trainer.last_errors[0] if trainer.last_errors else 'none recorded'}")
+            return False
+
+        trainer.run(config.run.steps, on_step=bar.update, stop=stop)
+    except KeyboardInterrupt:
+        trainer.save()
+        raise
+    finally:
+        bar.close()
+        worker.stop()
+        if local is not None:
+            local.stop()
+        elif hasattr(link, "close"):
+            link.close()
+    steps = [r.to_dict() for r in trainer.history]
+    files = {"checkpoint": os.path.join(folder, "checkpoint"), "reward curve": os.path.join(folder, "reward_curve.png"),
+             "loss curve": os.path.join(folder, "loss_curve.png"), "summary": os.path.join(folder, "summary.json")}
+    if local is not None:
+        files["store"] = config.path(config.server.db)
+    outcome = TrainOutcome(steps=steps, folder=folder, resumed=bool(resumed), wall_s=time.monotonic() - started,
+                           server_url=url, files=files)
+    with open(files["summary"], "w", encoding="utf-8") as f:
+        json.dump({"config": config.model_dump(mode="json"), "resumed": outcome.resumed, "wall_s": outcome.wall_s,
+                   "server": url, "steps": steps}, f, indent=1)
+    return outcome
+
+
+def _builder(config: Config) -> Any:
+    from agl_core.transitions import AirRules, TransitionBuilder
+    from agl_core.worker import load_agent
+
+    air = AirRules(**config.air.model_dump())
+    credit: Any = config.credit.method
+    if credit == "custom":
+        try:
+            credit = load_agent(str(config.credit.function))
+        except ValueError as exc:
+            raise ConfigError("credit.function", str(exc)) from None
+    kwargs: dict[str, Any] = {"air": air, "credit": credit, "gamma": config.credit.gamma}
+    if config.agent_match is not None:
+        kwargs["agent_match"] = config.agent_match
+    return TransitionBuilder(**kwargs)
+
+
+def _torch_backend(config: Config) -> tuple[Any, Any]:
+    """The model being trained (loaded from ``backend.model``) in a TorchBackend, and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig
+
+    b, a = config.backend, config.algorithm
+    path = config.path(b.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, b.dtype))
+    lora = LoraOptions(**b.lora.model_dump()) if b.lora is not None else None
+    options = TorchConfig(lr=a.lr, weight_decay=a.weight_decay, clip_low=a.clip_epsilon,
+                          clip_high=a.clip_epsilon_high if a.clip_epsilon_high is not None else a.clip_epsilon,
+                          kl_coef=a.kl_coef, epochs=b.epochs, minibatches=b.minibatches, max_grad_norm=a.max_grad_norm,
+                          max_tokens_per_forward=b.max_tokens_per_forward, lora=lora)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    return TorchBackend(model, options, device=b.device, pad_id=pad), tokenizer
+
+
+class _Local:
+    """The server this run started, in a thread of this process."""
+
+    def __init__(self, server: Any, thread: Any) -> None:
+        self.server = server
+        self.thread = thread
+        self.url: str = thread.url
+
+    def stop(self) -> None:
+        self.thread.stop()
+
+
+def _local_server(config: Config, builder: Any, token: str | None, tokenizer: Any) -> tuple[_Local, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agl_trainer.engine import TorchEngine
+    from agl_trainer.gateway import GatewayConfig
+    from agl_trainer.server import ServerConfig, ServerThread, TrainerServer, check_bind
+
+    try:
+        check_bind(config.server.host, token)
+    except ValueError as exc:
+        raise ConfigError("server.token", str(exc)) from None
+    b = config.backend
+    path = config.path(b.model)
+    served = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, b.dtype))
+    engine = TorchEngine(served, copy.deepcopy(tokenizer), name=os.path.basename(os.path.normpath(path)),
+                         device=b.device, max_batch=b.max_batch, seed=config.run.seed)
+    overrides = {"temperature": config.algorithm.temperature} if config.algorithm.temperature is not None else {}
+    server_config = ServerConfig(db_path=config.path(config.server.db), host=config.server.host,
+                                 port=config.server.port, token=token, max_attempts=config.server.max_attempts,
+                                 lease_timeout_s=config.server.lease_timeout_s, builder=builder,
+                                 gateway=GatewayConfig(sampling_overrides=overrides))
+    server = TrainerServer(server_config, engine)
+    return _Local(server, ServerThread(server).start()), engine
+
+
+class _Workers:
+    def __init__(self, worker: Any = None, thread: threading.Thread | None = None) -> None:
+        self.worker = worker
+        self.thread = thread
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop(now=True)
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+
+
+def _start_workers(config: Config, url: str, token: str | None) -> _Workers:
+    """``workers.count`` slots running the agent against ``url``: threads here, or Ray actors."""
+    w = config.workers
+    if w.count == 0:
+        return _Workers()
+    # the worker's heartbeat can name a lease that finished a moment before as lost: harmless
+    logging.getLogger("agl.worker").setLevel(logging.ERROR)
+    if w.ray is not None:
+        from agl_core.worker import run_on_ray
+
+        def on_ray() -> None:
+            try:
+                run_on_ray(w.ray or "local", url, config.agent, actors=w.count, token=token, actor_cpus=w.actor_cpus,
+                           poll_s=1.0, idle_exit_s=config.run.step_timeout_s)
+            except Exception:  # noqa: BLE001 - the step timeout then says that no rollout came back
+                logger.exception("agl train: the Ray workers stopped")
+
+        thread = threading.Thread(target=on_ray, name="agl-train-ray", daemon=True)
+        thread.start()
+        return _Workers(None, None)  # Ray actors end with this driver
+    from agl_core.worker import Worker, point_openai_at
+
+    point_openai_at(url, token)
+    try:
+        worker = Worker(url, config.agent, token=token, concurrency=w.count, poll_s=0.2, grace_s=5.0)
+    except ValueError as exc:
+        raise ConfigError("agent", str(exc)) from None
+    thread = threading.Thread(target=worker.run, name="agl-train-worker", daemon=True)
+    thread.start()
+    return _Workers(worker, thread)
+
+
+def _train_config(config: Config, folder: str) -> Any:
+    from agl_trainer.training import TrainConfig
+
+    a = config.algorithm
+    credit: Any = config.credit.method
+    if credit == "custom":
+        from agl_core.worker import load_agent
+
+        credit = load_agent(str(config.credit.function))
+    return TrainConfig(tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size, credit=credit,
+                       gamma=config.credit.gamma, scale_advantages=a.scale_advantages, row_mode=a.row_mode,
+                       step_timeout_s=config.run.step_timeout_s, max_attempts=config.server.max_attempts,
+                       checkpoint_dir=os.path.join(folder, "checkpoint"), checkpoint_every=config.run.checkpoint_every,
+                       max_prompt_length=a.max_prompt_length, max_response_length=a.max_response_length,
+                       curves_dir=folder)
+
+
+class _Progress:
+    """One line per step (redrawn in place on a terminal): step, reward, loss, rollouts/s, elapsed."""
+
+    def __init__(self, steps: int, *, enabled: bool) -> None:
+        self.steps = steps
+        self.enabled = enabled
+        self.started = time.monotonic()
+        self.tty = sys.stderr.isatty() and not os.environ.get("CI")
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=sys.stderr, flush=True)
+
+    def update(self, r: Any) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        filled = int(round(min(1.0, r.step / max(self.steps, 1)) * width))
+        line = (f"step {r.step:>4}/{self.steps} [{'#' * filled}{'.' * (width - filled)}] reward {r.reward:6.3f} "
+                f"loss {r.metrics.get('loss', 0.0):7.4f} {r.rollouts_per_s:5.1f} rollouts/s "
+                f"{time.monotonic() - self.started:5.0f} s")
+        print(line, end="\r" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
