@@ -1,101 +1,135 @@
-"""``agl serve``: start the trainer server from the command line.
+"""``agl serve`` and ``agl demo``: the trainer's commands (``agl`` loads them from here when they run).
 
     agl serve --backend http://127.0.0.1:8001/v1          # in front of `vllm serve`
     agl serve --engine ./my-hf-model --model my-policy     # the built-in torch engine
     agl serve --host 0.0.0.0 --token "$AGL_TOKEN" ...      # beyond this machine: a token is required
 
-When it is listening it prints one line, ``agl serve: listening on URL``, so a
-script can start it on ``--port 0`` and read which port it got.
+When it is listening ``agl serve`` prints one line, ``agl serve: listening on URL``,
+so a script can start it on ``--port 0`` and read which port it got.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main", "parser"]
+import click
+
+__all__ = ["demo", "main", "serve"]
 
 
-def _pair(text: str) -> tuple[str, Any]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(raw)
-    except ValueError:
-        return key, raw
+def _pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` options as a dict; a VALUE that parses as JSON is that value (``0.7``, ``true``)."""
+    out: dict[str, Any] = {}
+    for text in values:
+        key, sep, raw = text.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {text!r}")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agl serve", description="The agl trainer server: task queue, rollouts, "
-                                "model version and the token-recording OpenAI-compatible gateway.")
-    p.add_argument("--db", default="agl.db", help="the SQLite file for rollouts, the queue and token records")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (0: any free one)")
-    p.add_argument("--token", default=os.environ.get("AGL_TOKEN"),
-                   help="bearer token every client must send (default $AGL_TOKEN); required beyond 127.0.0.1")
-    backend = p.add_mutually_exclusive_group(required=True)
-    backend.add_argument("--backend", metavar="URL", help="an OpenAI-compatible server returning token ids "
-                         "(vllm serve), its base URL ending in /v1")
-    backend.add_argument("--engine", metavar="PATH", help="a Hugging Face causal LM folder for the built-in "
-                         "torch engine")
-    p.add_argument("--backend-key", default=os.environ.get("AGL_BACKEND_KEY"), help="API key for --backend")
-    p.add_argument("--backend-timeout", type=float, default=600.0, help="seconds to wait for the backend")
-    p.add_argument("--model", help="the name the policy is served under (default: the backend's first model)")
-    p.add_argument("--model-rule", choices=("override", "passthrough"), default="override",
-                   help="override: every call goes to the served model; passthrough: the agent's model is sent")
-    p.add_argument("--sampling-default", type=_pair, action="append", default=[], metavar="KEY=VALUE",
-                   help="fill a sampling field the agent left out (repeatable)")
-    p.add_argument("--sampling-override", type=_pair, action="append", default=[], metavar="KEY=VALUE",
-                   help="replace a sampling field whatever the agent said (repeatable)")
-    p.add_argument("--device", default="cpu", help="torch engine device (cpu, cuda)")
-    p.add_argument("--max-batch", type=int, default=8, help="torch engine: most sequences per batch")
-    p.add_argument("--agent-match", help="regex of the agent names whose calls become transitions")
-    p.add_argument("--lease-timeout", type=float, default=600.0, help="seconds a lease lasts without a heartbeat")
-    p.add_argument("--max-attempts", type=int, default=3, help="tries per task before it is marked failed")
-    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted, in MiB")
-    p.add_argument("--log-level", default="warning")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+@click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", default="agl.db", show_default=True,
+              help="the SQLite file for rollouts, the queue and token records")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="port (0: any free one)")
+@click.option("--token", envvar="AGL_TOKEN", help="bearer token every client must send [env: AGL_TOKEN]; required "
+              "beyond 127.0.0.1")
+@click.option("--backend", metavar="URL", help="an OpenAI-compatible server returning token ids (vllm serve), its "
+              "base URL ending in /v1")
+@click.option("--engine", metavar="PATH", help="a Hugging Face causal LM folder for the built-in torch engine")
+@click.option("--backend-key", envvar="AGL_BACKEND_KEY", help="API key for --backend [env: AGL_BACKEND_KEY]")
+@click.option("--backend-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+              help="seconds to wait for the backend")
+@click.option("--model", help="the name the policy is served under (default: the backend's first model)")
+@click.option("--model-rule", type=click.Choice(["override", "passthrough"]), default="override", show_default=True,
+              help="override: every call goes to the served model; passthrough: the agent's model is sent")
+@click.option("--sampling-default", "sampling_defaults", multiple=True, metavar="KEY=VALUE", callback=_pairs,
+              help="fill a sampling field the agent left out (repeatable)")
+@click.option("--sampling-override", "sampling_overrides", multiple=True, metavar="KEY=VALUE", callback=_pairs,
+              help="replace a sampling field whatever the agent said (repeatable)")
+@click.option("--device", default="cpu", show_default=True, help="torch engine device (cpu, cuda)")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="torch engine: most sequences per batch")
+@click.option("--agent-match", metavar="REGEX", help="regex of the agent names whose calls become transitions")
+@click.option("--lease-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+              help="seconds a lease lasts without a heartbeat")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
+              help="tries per task before it is marked failed")
+@click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
+              help="largest request body accepted, in MiB")
+@click.option("--log-level", default="warning", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
+def serve(db: str, host: str, port: int, token: str | None, backend: str | None, engine: str | None,
+          backend_key: str | None, backend_timeout: float, model: str | None, model_rule: str,
+          sampling_defaults: dict[str, Any], sampling_overrides: dict[str, Any], device: str, max_batch: int,
+          agent_match: str | None, lease_timeout: float, max_attempts: int, max_body_mb: float,
+          log_level: str) -> None:
+    """The agl trainer server: task queue, rollouts, model version, the token-recording OpenAI-compatible
+    gateway and the dashboard. Give exactly one of --backend URL or --engine PATH."""
+    if (backend is None) == (engine is None):
+        raise click.UsageError("give exactly one of --backend URL (an OpenAI-compatible server) or --engine PATH "
+                               "(the built-in torch engine)")
+    from agl_core.errors import SchemaError
     from agl_core.transitions import TransitionBuilder
     from agl_trainer.gateway import Backend, GatewayConfig, OpenAIBackend
-    from agl_trainer.server import ServerConfig, TrainerServer, check_bind, serve
+    from agl_trainer.server import ServerConfig, TrainerServer, check_bind
+    from agl_trainer.server import serve as run_server
 
     try:
-        check_bind(args.host, args.token)
+        check_bind(host, token)
     except ValueError as exc:
-        print(f"agl serve: {exc}", file=sys.stderr)
-        return 2
-    backend: Backend
-    if args.backend:
-        backend = OpenAIBackend(args.backend, args.backend_key, timeout_s=args.backend_timeout)
+        click.echo(f"agl serve: {exc}", err=True)
+        sys.exit(2)
+    try:
+        builder = TransitionBuilder(agent_match=agent_match) if agent_match else None
+    except SchemaError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--agent-match'") from None
+    chosen: Backend
+    if backend is not None:
+        chosen = OpenAIBackend(backend, backend_key, timeout_s=backend_timeout)
     else:
         from agl_trainer.engine import TorchEngine
 
-        backend = TorchEngine.from_pretrained(args.engine, name=args.model, device=args.device,
-                                              max_batch=args.max_batch)
+        chosen = TorchEngine.from_pretrained(engine, name=model, device=device, max_batch=max_batch)
     config = ServerConfig(
-        db_path=args.db, host=args.host, port=args.port, token=args.token,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024), lease_timeout_s=args.lease_timeout,
-        max_attempts=args.max_attempts,
-        gateway=GatewayConfig(served_model=args.model, model_rule=args.model_rule,
-                              sampling_defaults=dict(args.sampling_default),
-                              sampling_overrides=dict(args.sampling_override)),
-        builder=TransitionBuilder(agent_match=args.agent_match) if args.agent_match else None,
+        db_path=db, host=host, port=port, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024),
+        lease_timeout_s=lease_timeout, max_attempts=max_attempts,
+        gateway=GatewayConfig(served_model=model, model_rule=model_rule,
+                              sampling_defaults=sampling_defaults, sampling_overrides=sampling_overrides),
+        builder=builder,
     )
-    server = TrainerServer(config, backend)
+    server = TrainerServer(config, chosen)
 
     def ready(url: str) -> None:
-        print(f"agl serve: listening on {url}", flush=True)
+        click.echo(f"agl serve: listening on {url}")
 
-    serve(server, on_ready=ready, log_level=args.log_level)
+    run_server(server, on_ready=ready, log_level=log_level.lower())
+
+
+@click.command("demo", add_help_option=False,
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+               short_help="Train a LangChain agent with RL on this CPU, in minutes.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def demo(args: tuple[str, ...]) -> None:
+    """Train a LangChain agent with RL on this CPU (agl_trainer.demo.run; `agl demo --help` lists its options)."""
+    from agl_trainer.demo.run import main as run_demo
+
+    sys.exit(run_demo(list(args)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``agl serve`` with ``argv``; returns the exit status (``python -m agl_trainer`` runs this)."""
+    try:
+        serve.main(args=None if argv is None else list(argv), prog_name="agl serve", standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
 
 
