@@ -1,0 +1,143 @@
+"""The dashboard in headless chromium: the page lists the stored rollouts, shows a rollout's tree, draws the curves.
+
+Every check reads what the browser rendered from the real server, which holds
+real rollouts (see ``sample_runs``). The page must make no request beyond the
+server, and log no script error.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from playwright.sync_api import expect
+
+from . import sample_runs
+from .conftest import TOKEN, Filled
+
+
+def _only_this_server(page: Any, url: str) -> None:
+    elsewhere = [u for u in page.requests_seen if not u.startswith(url + "/")]
+    assert elsewhere == [], f"the page fetched beyond the server: {elsewhere}"
+    assert page.console_errors == [], page.console_errors
+
+
+def test_lists_rollouts_opens_a_tree_and_draws_curves(filled: Filled, page: Any) -> None:
+    page.goto(filled.url + "/")
+    rows = page.locator("#rollouts tbody tr[data-rollout-id]")
+    expect(rows).to_have_count(len(sample_runs.QUESTIONS))
+    # newest first, with status and reward
+    assert rows.nth(0).get_attribute("data-rollout-id") == filled.runs[-1].id
+    expect(rows.nth(0).locator("td.task")).to_have_text("calc-6")
+    expect(rows.nth(0).locator(".badge")).to_have_text("succeeded")
+    expect(rows.nth(0).locator("td.reward")).to_have_text("0.5")
+    failed = page.locator("#rollouts tbody tr", has_text="calc-3")
+    expect(failed.locator(".badge")).to_have_text("failed")
+    expect(failed.locator("td.err-text")).to_contain_text("ZeroDivisionError")
+    expect(page.locator("#page-info")).to_have_text("1–6 of 6")
+
+    # open calc-4: solver agent -> LLM calls and the calculator (which returned an error), checker, reward
+    page.locator("#rollouts tbody tr", has_text="calc-4").click()
+    expect(page.locator("#rollouts tbody tr.selected td.task")).to_have_text("calc-4")
+    tree = page.locator("#tree")
+    expect(tree.locator(".node.k-rollout")).to_have_count(1)
+    expect(tree.locator(".node.k-agent")).to_have_text([re.compile("solver"),
+                                                        re.compile("checker")])
+    expect(tree.locator(".node.k-llm")).to_have_count(3)
+    tool = tree.locator(".node.k-tool")
+    expect(tool).to_have_count(1)
+    expect(tool).to_contain_text("calculator")
+    expect(tool).to_have_class(re.compile(r"\berror\b"))
+    expect(tool.locator(".errmsg")).to_contain_text("only arithmetic is allowed")
+    expect(tree.locator(".node.k-reward .reward")).to_have_text("reward 0")
+    expect(tree.locator(".node.k-rollout .reward")).to_have_text("reward 0")
+    # LLM and tool spans sit under the solver's agent span
+    solver_item = tree.locator("li", has=page.locator(":scope > .node.k-agent", has_text="solver"))
+    expect(solver_item.locator(".node.k-llm")).to_have_count(2)
+    expect(solver_item.locator(".node.k-tool")).to_have_count(1)
+
+    # a span's attributes and messages on click
+    tool.click()
+    detail = page.locator("#span-detail")
+    expect(detail.locator("h3").first).to_have_text("tool: calculator")
+    expect(detail.locator("table.attrs")).to_contain_text("agl.tool.status")
+    expect(detail.locator("table.attrs")).to_contain_text("error: only arithmetic is allowed")
+    tree.locator(".node.k-llm").first.click()
+    expect(detail.locator(".msg.user")).to_contain_text("compute: two plus two")
+    expect(detail.locator(".msg.assistant")).to_contain_text("calculator")
+
+    # the failed rollout: the model's 500 is highlighted
+    page.locator("#rollouts tbody tr", has_text="calc-5").click()
+    expect(page.locator("#detail-title")).to_contain_text("failed")
+    expect(tree.locator(".node.k-llm.error")).to_have_count(1)
+
+    # the curves: one per metric, reward first, a point per step
+    curves = page.locator("#curves svg.curve")
+    expect(curves).to_have_count(2)
+    assert curves.nth(0).get_attribute("data-metric") == "reward_mean"
+    assert curves.nth(1).get_attribute("data-metric") == "loss"
+    points = curves.nth(0).locator("polyline").get_attribute("points")
+    assert points is not None and len(points.split()) == sample_runs.N_STEPS
+    ys = [float(p.split(",")[1]) for p in points.split()]
+    assert ys[-1] < ys[0]  # the reward rises: up the chart, which is smaller y in SVG
+    expect(curves.nth(0).locator("circle")).to_have_count(sample_runs.N_STEPS)
+
+    # per-agent calls and error rates
+    expect(page.locator("#stats tbody tr[data-agent=solver] td").nth(2)).to_have_text("10")
+    expect(page.locator("#stats tbody tr[data-agent=solver] td").nth(3)).to_have_text("1 (10%)")
+    expect(page.locator("#stats tbody tr[data-agent=solver] td").nth(5)).to_have_text("2 (40%)")
+    expect(page.locator("#stats tbody tr[data-agent=checker] td").nth(2)).to_have_text("4")
+    _only_this_server(page, filled.url)
+
+
+def test_status_filter_and_paging(filled: Filled, page: Any) -> None:
+    page.goto(filled.url + "/dashboard")
+    rows = page.locator("#rollouts tbody tr[data-rollout-id]")
+    expect(rows).to_have_count(6)
+    page.select_option("#status-filter", "failed")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#rollouts .badge")).to_have_text(["failed", "failed"])
+    expect(page.locator("#page-info")).to_have_text("1–2 of 2")
+    page.select_option("#status-filter", "timeout")
+    expect(rows).to_have_count(0)
+    expect(page.locator("#rollouts tbody")).to_contain_text("no rollouts with this status")
+    page.select_option("#status-filter", "")
+    expect(rows).to_have_count(6)
+    expect(page.locator("#next")).to_be_disabled()
+    _only_this_server(page, filled.url)
+
+
+def test_token_from_the_address_once_then_from_the_tab(filled_with_token: Filled, page: Any) -> None:
+    url = filled_with_token.url
+    # without the token: the page loads, asks for it, and shows no data
+    page.goto(url + "/")
+    expect(page.locator("#token-panel")).to_be_visible()
+    expect(page.locator("#main")).to_be_hidden()
+    assert page.locator("#rollouts tbody tr[data-rollout-id]").count() == 0
+
+    # a wrong token pasted: refused, still no data
+    page.fill("#token-input", "wrong")
+    page.click("#token-form button")
+    expect(page.locator("#token-error")).to_have_text("the token was refused")
+    expect(page.locator("#main")).to_be_hidden()
+
+    # ?token= once: used, kept for this tab, and gone from the address bar
+    page.goto(url + f"/?token={TOKEN}")
+    rows = page.locator("#rollouts tbody tr[data-rollout-id]")
+    expect(rows).to_have_count(6)
+    assert "token" not in page.url
+    assert page.evaluate("sessionStorage.getItem('agl.token')") == TOKEN
+    page.reload()
+    expect(rows).to_have_count(6)
+    expect(page.locator("#curves svg.curve")).to_have_count(2)
+
+    # a new tab starts without it
+    other = page.context.new_page()
+    try:
+        other.goto(url + "/")
+        expect(other.locator("#token-panel")).to_be_visible()
+        other.fill("#token-input", TOKEN)
+        other.click("#token-form button")
+        expect(other.locator("#rollouts tbody tr[data-rollout-id]")).to_have_count(6)
+    finally:
+        other.close()
