@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,112 @@ def test_from_pretrained_and_a_worker_loop(tokenizer: Any, tmp_path: Path, make_
     for t in srv.server.store.transitions():
         assert len(t.response_token_ids or []) == 4 and t.model == "tiny-policy"
     assert json.loads(httpx.get(srv.url + "/v1/models").text)["data"][0]["id"] == "tiny-policy"
+
+
+# ---------------------------------------------------------------------- streaming: tool calls as they come, cancel
+
+
+class ScriptedLM(torch.nn.Module):  # type: ignore[misc]
+    """A causal LM that says ``script`` (token ids, then the end token) whatever the prompt, one token a step.
+
+    Step ``hold_at`` waits for ``gate`` (at most 10 s), so a test can look at what has arrived while the
+    model is still generating. ``steps`` counts the forward passes.
+    """
+
+    def __init__(self, vocab: int, script: list[int], eos: int, hold_at: int | None = None,
+                 delay_s: float = 0.0) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.config = type("Config", (), {"max_position_embeddings": 4096})()
+        self.vocab, self.script, self.eos, self.hold_at = vocab, script, eos, hold_at
+        self.gate = threading.Event()
+        self.held_out = False  # the gate was never opened: the hold timed out
+        self.steps = 0
+
+    def forward(self, input_ids: Any, attention_mask: Any = None, position_ids: Any = None, use_cache: bool = True,
+                past_key_values: Any = None) -> Any:
+        step = 0 if past_key_values is None else past_key_values + 1
+        self.steps += 1
+        time.sleep(self.delay_s)
+        if step == self.hold_at:
+            self.held_out = not self.gate.wait(10)
+        token = self.script[step] if step < len(self.script) else self.eos
+        logits = torch.full((input_ids.shape[0], input_ids.shape[1], self.vocab), -30.0)
+        logits[:, -1, token] = 0.0
+        return type("Out", (), {"logits": logits, "past_key_values": step})()
+
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+FIRST = 'Checking. <tool_call>{"name": "lookup", "arguments": {"q": "a"}}</tool_call>'
+SECOND = ' <tool_call>{"name": "lookup", "arguments": {"q": "b"}}</tool_call>'
+
+
+def test_streamed_tool_calls_leave_as_each_block_closes_with_their_token_ids(tokenizer: Any,
+                                                                            make_server: ServerFactory) -> None:
+    script = tokenizer.encode(FIRST + SECOND)
+    model = ScriptedLM(len(tokenizer), script, tokenizer.eos_token_id, hold_at=len(tokenizer.encode(FIRST)))
+    srv = make_server(TorchEngine(model, tokenizer, name="scripted", default_max_tokens=200))
+    tp = {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}
+    seen_while_held: list[str] = []
+    calls: list[dict[str, Any]] = []
+    text = ""
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", headers=tp, timeout=60,
+                      json={"messages": MESSAGES, "tools": TOOLS, "stream": True}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            delta = json.loads(line[6:])["choices"][0]["delta"]
+            text += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                calls.append(call)
+                if not model.gate.is_set():  # the model is still held at the step after the first block
+                    seen_while_held.append(call["function"]["arguments"])
+                    model.gate.set()
+    assert seen_while_held == ['{"q": "a"}'] and not model.held_out
+    assert [(c["index"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        (0, "lookup", '{"q": "a"}'), (1, "lookup", '{"q": "b"}')]
+    assert text.strip() == "Checking."
+    record = srv.server.records.get(("1" * 32, "2" * 16))
+    assert record is not None and record.response_token_ids == [*script, tokenizer.eos_token_id]
+    assert len(record.response_logprobs) == len(script) + 1
+
+
+def test_stream_splitter_holds_what_may_become_a_tag_or_a_stop_string() -> None:
+    from agl_trainer.engine import _StreamSplitter
+
+    s = _StreamSplitter(["END"], tools=True)
+    assert s.feed("Hi <tool") == [{"content": "Hi "}]
+    assert s.feed('Hi <tool_call>{"name": "f"}') == []
+    out = s.feed('Hi <tool_call>{"name": "f"}</tool_call> ok E')
+    assert out[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"} and out[1] == {"content": " ok "}
+    assert s.feed('Hi <tool_call>{"name": "f"}</tool_call> ok EN') == []
+    assert s.feed('Hi <tool_call>{"name": "f"}</tool_call> ok END more', final=True) == []  # nothing from the stop on
+    bad = _StreamSplitter([], tools=True)
+    assert bad.feed("<tool_call>not json</tool_call>", final=True) == [{"content": "<tool_call>not json</tool_call>"}]
+    plain = _StreamSplitter([], tools=False)
+    assert plain.feed("a <tool_call>") == [{"content": "a <tool_call>"}] and plain.feed("a <tool_call>\ufffd") == []
+
+
+def test_a_client_that_goes_away_mid_stream_stops_its_generation(tokenizer: Any,
+                                                                 make_server: ServerFactory) -> None:
+    script = tokenizer.encode("a" * 150)
+    model = ScriptedLM(len(tokenizer), script, tokenizer.eos_token_id, delay_s=0.03)  # 150 tokens: 4.5 s
+    engine = TorchEngine(model, tokenizer, name="scripted", default_max_tokens=200)
+    srv = make_server(engine)
+    tp = {"traceparent": f"00-{'3' * 32}-{'4' * 16}-01"}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", headers=tp, timeout=60,
+                      json={"messages": MESSAGES, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                break  # the first words arrived; now the agent goes away
+    deadline = time.monotonic() + 10
+    while engine.cancelled == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.cancelled == 1
+    assert model.steps < 100  # dropped soon after the agent left, not run to its 150 tokens
+    assert srv.server.records.get(("3" * 32, "4" * 16)) is None  # half a call is not recorded
+    model.delay_s = 0.0  # the engine serves the next request as usual
+    data = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 3,
+                                                              "return_token_ids": True}, timeout=60).json()
+    assert data["choices"][0]["token_ids"] == script[:3]

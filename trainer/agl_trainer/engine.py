@@ -18,7 +18,11 @@ answers them (``prompt_token_ids``, per-choice ``token_ids``, per-token
   are exactly the sampling policy's. The response token ids include the end
   token when the model stopped on one, so a trainer teaches the model to stop.
 - **Tool calls**: the response text's ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
-  blocks (the Hermes/Qwen convention) become OpenAI ``tool_calls``.
+  blocks (the Hermes/Qwen convention) become OpenAI ``tool_calls``. Streamed, text goes out as
+  it is generated and each tool call as soon as its block closes; only what may still become a
+  ``<tool_call>`` tag or a stop string is held back.
+- **Cancelling**: an agent that goes away (its stream or its request is dropped) has its row
+  taken out of generation at the next step, so it costs nothing more.
 - **Weights** are swapped in place between batches: :meth:`TorchEngine.swap_weights`
   from a trainer in the same process, or ``POST /v1/model`` with a path (a
   ``save_pretrained`` folder, a ``.safetensors`` file or a ``torch.save``'d state
@@ -68,9 +72,14 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     version: int = 0
+    cancelled: bool = False
+    """Set from the event loop when the agent went away; the engine drops the row at its next step."""
 
     def emit(self, kind: str, a: Any = None, b: Any = None) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, a, b))
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, a, b))
+        except RuntimeError:  # the server's loop has closed: no one is waiting any more
+            self.cancelled = True
 
 
 class TorchEngine:
@@ -94,6 +103,7 @@ class TorchEngine:
         self.default_max_tokens = default_max_tokens
         self.version = 0
         self.batches: list[int] = []  # sizes of the batches generated, for tests and monitoring
+        self.cancelled = 0  # rows dropped because their agent went away
         config = getattr(model, "config", None)
         self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
         self.eos_ids = self._eos_ids()
@@ -198,14 +208,19 @@ class TorchEngine:
         for row in rows:
             self._requests.put(row)
         choices = []
-        for index, row in enumerate(rows):
-            while True:
-                kind, _, _ = await row.events.get()
-                if kind == "done":
-                    break
-                if kind == "error":
-                    raise BackendError(500, f"the torch engine failed: {row.finish_reason}")
-            choices.append(self._choice(endpoint, body, row, index))
+        try:
+            for index, row in enumerate(rows):
+                while True:
+                    kind, _, _ = await row.events.get()
+                    if kind == "done":
+                        break
+                    if kind == "error":
+                        raise BackendError(500, f"the torch engine failed: {row.finish_reason}")
+                choices.append(self._choice(endpoint, body, row, index))
+        finally:
+            for row in rows:
+                if row.finish_reason is None:  # cancelled: the agent went away
+                    row.cancelled = True
         completion_tokens = sum(len(r.ids) for r in rows)
         out: dict[str, Any] = {
             "id": f"{'chatcmpl' if endpoint == 'chat/completions' else 'cmpl'}-{uuid.uuid4().hex}",
@@ -315,27 +330,32 @@ class TorchEngine:
 
     async def _chunks(self, endpoint: Endpoint, body: dict[str, Any], row: _Row, prompt_ids: list[int]
                       ) -> Chunks:
+        try:
+            async for chunk in self._stream_row(endpoint, body, row, prompt_ids):
+                yield chunk
+        finally:
+            if row.finish_reason is None:  # the agent went away (or the gateway failed): stop generating it
+                row.cancelled = True
+
+    async def _stream_row(self, endpoint: Endpoint, body: dict[str, Any], row: _Row, prompt_ids: list[int]
+                          ) -> Chunks:
         chat = endpoint == "chat/completions"
         want_ids, want_lp = bool(body.get("return_token_ids")), wants_logprobs(body.get("logprobs"))
-        hold_text = chat and bool(body.get("tools"))  # tool calls are parsed from the whole text at the end
-        hold = max((len(s) for s in row.stop), default=1) - 1
+        # with tools, text goes out as it comes and each tool call as soon as its block closes
+        splitter = _StreamSplitter(row.stop, tools=chat and bool(body.get("tools")))
         base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
                 "model": self.name}
-        sent = 0
 
-        def chunk(text: str | None, ids: list[int], lps: list[float], finish: str | None = None,
-                  first: bool = False, delta: dict[str, Any] | None = None) -> dict[str, Any]:
+        def chunk(delta: dict[str, Any], ids: list[int], lps: list[float], finish: str | None = None,
+                  first: bool = False) -> dict[str, Any]:
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
             if chat:
-                d: dict[str, Any] = delta if delta is not None else ({"content": text} if text else {})
-                if first:
-                    d = {"role": "assistant", "content": "", **d}
-                choice["delta"] = d
+                choice["delta"] = {"role": "assistant", "content": "", **delta} if first else delta
                 choice["logprobs"] = {"content": [self._lp_entry(t, lp) for t, lp in zip(ids, lps, strict=True)]} \
                     if want_lp and ids else None
             else:
-                choice["text"] = text or ""
+                choice["text"] = delta.get("content") or ""
                 choice["logprobs"] = {"tokens": [self.tokenizer.decode([t]) for t in ids], "token_logprobs": lps} \
                     if want_lp and ids else None
                 if first and want_ids:
@@ -349,7 +369,7 @@ class TorchEngine:
 
         first = True
         if chat:
-            yield chunk(None, [], [], first=True)
+            yield chunk({}, [], [], first=True)
             first = False
         while True:
             kind, a, b = await row.events.get()
@@ -357,24 +377,15 @@ class TorchEngine:
                 raise BackendError(500, f"the torch engine failed: {row.finish_reason}")
             if kind == "done":
                 break
-            text = "" if hold_text else self._text(row.ids)
-            ready = len(text) - hold if not text.endswith("\ufffd") else sent
-            piece = text[sent:ready] if ready > sent else ""
-            sent = max(sent, ready)
-            yield chunk(piece, [a], [b], first=first)
-            first = False
-        final = self._finish_text(row)
-        finish = row.finish_reason
-        if hold_text:
-            content, calls = _tool_calls(final)
-            if content:
-                yield chunk(content, [], [])
-            if calls:
-                finish = "tool_calls"
-                yield chunk(None, [], [], delta={"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
-            yield chunk(None, [], [], finish=finish)
-        else:
-            yield chunk(final[sent:] if len(final) > sent else "", [], [], finish=finish)
+            deltas = splitter.feed(self._text(row.ids))
+            # the token's id and logprob ride on the first delta it completed (or on an empty one)
+            for i, delta in enumerate(deltas or [{}]):
+                yield chunk(delta, [a] if i == 0 else [], [b] if i == 0 else [], first=first)
+                first = False
+        for delta in splitter.feed(self._text(row.ids), final=True):
+            yield chunk(delta, [], [])
+        finish = "tool_calls" if splitter.calls else row.finish_reason
+        yield chunk({}, [], [], finish=finish)
         if isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage"):
             usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(row.ids),
                      "total_tokens": len(prompt_ids) + len(row.ids)}
@@ -387,6 +398,9 @@ class TorchEngine:
             row = self._requests.get()
             if row is None:
                 return
+            if row.cancelled:
+                self._drop(row)
+                continue
             batch = [row]
             deadline = time.monotonic() + self.batch_wait_s
             while len(batch) < self.max_batch:
@@ -397,6 +411,9 @@ class TorchEngine:
                 if more is None:
                     self._requests.put(None)
                     break
+                if more.cancelled:
+                    self._drop(more)
+                    continue
                 batch.append(more)
             try:
                 with self._lock:
@@ -408,6 +425,12 @@ class TorchEngine:
                     if r.finish_reason is None:
                         r.finish_reason = f"{type(exc).__name__}: {exc}"
                         r.emit("error")
+
+    def _drop(self, row: _Row) -> None:
+        """A row whose agent went away: it generates no more (and frees its place in the batch)."""
+        row.finish_reason = "cancelled"
+        self.cancelled += 1
+        row.emit("done")
 
     def _generate(self, batch: list[_Row]) -> None:
         torch = self.torch
@@ -429,6 +452,12 @@ class TorchEngine:
             past = getattr(out, self._cache_arg)
             last_pos = positions[:, -1]
             for _ in range(steps):
+                for i, r in enumerate(batch):
+                    if alive[i] and r.cancelled:
+                        alive[i] = False
+                        self._drop(r)
+                if not any(alive):
+                    break
                 logits = out.logits[:, -1, :].float()
                 logprobs = torch.log_softmax(logits, dim=-1)
                 chosen = torch.full((len(batch),), self.pad_id, dtype=torch.long, device=device)
@@ -520,21 +549,97 @@ def _template_message(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _parse_call(inner: str) -> dict[str, Any] | None:
+    """The JSON inside one ``<tool_call>`` block as an OpenAI tool call; None when it is not one."""
+    try:
+        spec = json.loads(inner)
+    except ValueError:
+        return None
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return None
+    args = spec.get("arguments", {})
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": spec["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+
+
 def _tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """``<tool_call>{json}</tool_call>`` blocks as OpenAI tool calls; the rest of the text as the content."""
-    calls = []
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            spec = json.loads(match.group(1))
-        except ValueError:
-            continue
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            continue
-        args = spec.get("arguments", {})
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": spec["name"],
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    calls = [call for match in _TOOL_CALL.finditer(text) if (call := _parse_call(match.group(1))) is not None]
     if not calls:
         return text, []
     content = _TOOL_CALL.sub("", text).strip()
     return content or None, calls
+
+
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+
+
+def _prefix_at_end(text: str, word: str) -> int:
+    """How many characters at the end of ``text`` are the start of ``word`` (and may yet become it)."""
+    for n in range(min(len(text), len(word) - 1), 0, -1):
+        if word.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class _StreamSplitter:
+    """A streamed reply's text as chat deltas: text as it comes, each tool call as soon as its block closes.
+
+    :meth:`feed` takes the whole text decoded so far and returns the deltas it adds. Text that may
+    still turn into a stop string or a ``<tool_call>`` tag, and a trailing half of a multi-byte
+    character, are held back until they cannot; nothing from a stop string on is ever sent. A block
+    whose JSON is not a tool call goes out as text, as the non-streamed reply keeps it.
+    """
+
+    def __init__(self, stop: Sequence[str], *, tools: bool) -> None:
+        self.stop = [s for s in stop if s]
+        self.tools = tools
+        self.sent = 0  # characters of the text already sent as deltas
+        self.calls = 0
+
+    def feed(self, text: str, *, final: bool = False) -> list[dict[str, Any]]:
+        for s in self.stop:
+            cut = text.find(s)
+            if cut >= 0:
+                text = text[:cut]
+        pieces: list[dict[str, Any]] = []
+
+        def content(piece: str) -> None:
+            if pieces and "content" in pieces[-1]:
+                pieces[-1]["content"] += piece
+            else:
+                pieces.append({"content": piece})
+            self.sent += len(piece)
+
+        while True:
+            rest = text[self.sent:]
+            opened = rest.find(_OPEN) if self.tools else -1
+            if opened > 0:
+                content(rest[:opened])
+                continue
+            if opened == 0:
+                closed = rest.find(_CLOSE)
+                if closed >= 0:
+                    block = rest[:closed + len(_CLOSE)]
+                    call = _parse_call(block[len(_OPEN):closed].strip())
+                    if call is None:
+                        content(block)
+                    else:
+                        pieces.append({"tool_calls": [{"index": self.calls, **call}]})
+                        self.calls += 1
+                        self.sent += len(block)
+                    continue
+                if final and rest:
+                    content(rest)  # a block the model never closed is text
+                break
+            ready = len(rest) if final else len(rest) - self._held(rest)
+            if ready > 0:
+                content(rest[:ready])
+            break
+        return pieces
+
+    def _held(self, rest: str) -> int:
+        held = len(rest) - len(rest.rstrip("\ufffd"))  # an incomplete multi-byte character decodes as U+FFFD
+        for word in [*self.stop, *([_OPEN] if self.tools else [])]:
+            held = max(held, _prefix_at_end(rest, word))
+        return held
