@@ -273,6 +273,7 @@ class Worker:
         self._hurry = threading.Event()
         self._leases_given = 0
         self._last_work = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -314,6 +315,9 @@ class Worker:
             for sig, handler in restore:
                 signal.signal(sig, handler)
             self._stopping.set()
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._loop = None
         return self.stats
 
     def _drain(self, slots: list[threading.Thread]) -> None:
@@ -388,12 +392,25 @@ class Worker:
             self._lost.add(lease_id)
             self.stats.lost += 1
 
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The one event loop all of this worker's async rollouts run on, started on first use.
+
+        One loop, not one per rollout or per slot: clients that a framework caches per process
+        (langchain-openai's shared httpx client) hold connections bound to the loop that opened
+        them, and fail with "Event loop is closed" on any other.
+        """
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="agl-worker-loop", daemon=True).start()
+            return self._loop
+
     def _run_one(self, lease: Lease) -> None:
         store = _LeaseStore(self.store, lease, self._posting_now)
         kwargs = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
         try:
             if self.is_async:
-                asyncio.run(self.agent(lease.task, **kwargs))
+                asyncio.run_coroutine_threadsafe(self.agent(lease.task, **kwargs), self._event_loop()).result()
             else:
                 self.agent(lease.task, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the agent's failure is its rollout's status, already posted
