@@ -1,0 +1,29 @@
+"""``python fake_backend.py``: FakeOpenAI with the scale tests' script, in a process of its own.
+
+It prints ``url <base url>`` once listening and serves until its standard input
+closes or it gets SIGTERM, so the model's work never shares a GIL with the
+server or the workers whose load is being measured.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+from scale_agents import model_reply
+
+from agl_core.testing import FakeOpenAI
+
+
+def main() -> None:
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    with FakeOpenAI(script=model_reply, model="policy") as srv:
+        print(f"url {srv.url}", flush=True)
+        done.wait()
+
+
+if __name__ == "__main__":
+    main()
