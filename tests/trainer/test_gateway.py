@@ -278,3 +278,117 @@ def test_gateway_in_front_of_a_uvicorn_backend_streams_chunked(fake: FakeOpenAI,
         plain = client.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
         assert plain.choices[0].message.content == USER[0]["content"]
     assert len(outer.server.backend._upstream._idle) == 1  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------- streams: as they come, and cancelled
+
+
+class GatedStream:
+    """A vLLM-like model server on 127.0.0.1 that streams ``before``, waits for ``gate``, then sends ``after``.
+
+    It notices when the gateway closes its connection while it waits (``closed``).
+    """
+
+    def __init__(self, before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.gate = threading.Event()
+        self.closed = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for chunk in before:
+                    self._event(json.dumps(chunk))
+                deadline = time.monotonic() + 10
+                while not outer.gate.wait(0.02) and time.monotonic() < deadline:
+                    self.connection.setblocking(False)
+                    try:
+                        if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                            outer.closed.set()
+                            return
+                    except BlockingIOError:
+                        pass
+                    finally:
+                        self.connection.setblocking(True)
+                for chunk in after:
+                    self._event(json.dumps(chunk))
+                self._event("[DONE]")
+                self.wfile.write(b"0\r\n\r\n")
+
+            def _event(self, payload: str) -> None:
+                data = f"data: {payload}\n\n".encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.gate.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _chunk(delta: dict[str, Any], ids: list[int], finish: str | None = None, **top: Any) -> dict[str, Any]:
+    return {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m", **top,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "token_ids": ids,
+                         "logprobs": {"content": [{"token": str(i), "logprob": -0.5, "top_logprobs": []}
+                                                  for i in ids]}}]}
+
+
+def _call(i: int, args: str) -> dict[str, Any]:
+    return {"tool_calls": [{"index": i, "id": f"call_{i}", "type": "function",
+                            "function": {"name": "lookup", "arguments": args}}]}
+
+
+def test_streamed_tool_call_deltas_pass_through_as_they_come(make_server: ServerFactory) -> None:
+    before = [_chunk({"role": "assistant", "content": ""}, [], prompt_token_ids=[1, 2, 3]),
+              _chunk(_call(0, '{"q": "a"}'), [11, 12])]
+    after = [_chunk(_call(1, '{"q": "b"}'), [13, 14]), _chunk({}, [15], finish="tool_calls")]
+    backend = GatedStream(before, after)
+    try:
+        srv = make_server(OpenAIBackend(backend.url), gateway=GatewayConfig(served_model="m"))
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        stream = client.chat.completions.create(model="m", messages=USER, stream=True,  # type: ignore[arg-type]
+                                                tools=[{"type": "function", "function": {"name": "lookup"}}],
+                                                extra_headers=TP)
+        calls = []
+        for chunk in stream:
+            for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                calls.append((call.index, call.function.arguments, backend.gate.is_set()))  # type: ignore[union-attr]
+                backend.gate.set()  # the backend sends the rest only once the first call got through
+        assert calls == [(0, '{"q": "a"}', False), (1, '{"q": "b"}', True)]
+        record = _record(srv)
+        assert record.prompt_token_ids == [1, 2, 3] and record.response_token_ids == [11, 12, 13, 14, 15]
+        assert record.response_logprobs == [-0.5] * 5
+    finally:
+        backend.stop()
+
+
+def test_an_agent_that_goes_away_mid_stream_closes_the_upstream_request(make_server: ServerFactory) -> None:
+    backend = GatedStream([_chunk({"role": "assistant", "content": "Hel"}, [7], prompt_token_ids=[1])],
+                          [_chunk({"content": "lo"}, [8], finish="stop")])
+    try:
+        srv = make_server(OpenAIBackend(backend.url), gateway=GatewayConfig(served_model="m"))
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", headers=TP, timeout=30,
+                          json={"messages": USER, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    break  # the first words arrived; the agent goes away
+        assert backend.closed.wait(10), "the gateway kept the backend's request open after the agent left"
+        assert _record(srv) is None  # half a call is not recorded
+        assert len(srv.server.backend._upstream._idle) == 0  # type: ignore[attr-defined]  # not reused mid-body
+    finally:
+        backend.stop()
