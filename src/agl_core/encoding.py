@@ -50,7 +50,7 @@ from typing import Any
 from agl_core import semconv
 
 __all__ = ["CAPTURE_CONTENT_ENV", "CONTENT_ATTRIBUTES", "Limits", "MessageMemo", "capture_content", "clip", "dumps",
-           "limits", "redact", "sampling_attributes", "set_capture_content", "span_text"]
+           "limits", "redact", "reset_capture_content", "sampling_attributes", "set_capture_content", "span_text"]
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 CONTENT_ATTRIBUTES: frozenset[str] = frozenset({
@@ -90,6 +90,13 @@ def set_capture_content(enabled: bool | None) -> bool:
     else:
         raise TypeError(f"capture_content must be True, False or None, got {type(enabled).__name__}")
     return capture_content
+
+
+def reset_capture_content() -> bool:
+    """Forget an explicit setting and follow the environment variable again; returns the setting now."""
+    global _explicit
+    _explicit = False
+    return set_capture_content(None)
 
 
 def redact(attrs: Mapping[str, Any]) -> dict[str, Any]:

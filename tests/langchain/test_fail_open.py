@@ -1,0 +1,204 @@
+"""Fail-open for the ``langchain`` plugin: no fault inside agl changes what a LangChain agent returns or raises.
+
+Every agl function the plugin's callback handler calls is found by introspection
+(``agl_langchain.attributes``, the agl helpers it and the instrumentor import,
+``collector.tracer``) and made to raise in turn while a ``ChatOpenAI`` model and a
+``create_agent`` tool agent run sync, streamed and async against a fake server;
+a hook added later is covered without editing this file. Each fault is logged
+once and counted. Functions that this agent cannot reach are listed in
+``NOT_ON_PATH`` (and the test checks they really are not reached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import types
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import openai
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from opentelemetry import trace
+
+import agl_core as agl
+from agl_core import collector, guard
+from agl_core.testing import FakeOpenAI
+from agl_langchain import attributes
+from agl_langchain import instrumentor as plugin_instrumentor
+
+# --------------------------------------------------------------------------- the faults, by introspection
+# (the same helpers in every suite's test_fail_open.py: each suite runs in its own environment)
+
+
+def hook_faults(attrs_module: types.ModuleType, instrumentor_module: types.ModuleType) -> list[tuple[Any, str]]:
+    """(owner, name) of every agl function the plugin's hooks call.
+
+    The attributes module's own functions, its classes' methods and the agl helpers it imports; the
+    agl_core helpers the instrumentor imports by name (``set_on``, ...); ``collector.tracer``. Fault
+    reporting itself (``agl_core.guard``) and the hook wrappers are not faults that a hook calls.
+    """
+    found: list[tuple[Any, str]] = []
+    for name, value in vars(attrs_module).items():
+        if inspect.isclass(value) and value.__module__ == attrs_module.__name__:
+            found += [(value, m) for m, f in vars(value).items() if inspect.isfunction(f)]
+        elif _agl_callable(value):
+            found.append((attrs_module, name))
+    for name, value in vars(instrumentor_module).items():
+        if _agl_callable(value) and value.__module__ not in (instrumentor_module.__name__, attrs_module.__name__):
+            found.append((instrumentor_module, name))
+    found.append((collector, "tracer"))
+    return found
+
+
+def _agl_callable(value: Any) -> bool:
+    if not (inspect.isfunction(value) or inspect.ismethod(value)):
+        return False
+    module = getattr(value, "__module__", "") or ""
+    return module.startswith("agl_") and module != guard.__name__
+
+
+def fault_id(fault: tuple[Any, str]) -> str:
+    owner, name = fault
+    return f"{getattr(owner, '__qualname__', None) or owner.__name__}.{name}"
+
+
+def _raiser(*args: Any, **kwargs: Any) -> Any:
+    """The body a faulty function gets (its ``__code__``): counts the call through builtins, then raises."""
+    __agl_fault_hits__.append(1)  # type: ignore[name-defined]  # noqa: F821
+    raise RuntimeError("agl-injected-fault")
+
+
+def inject(monkeypatch: pytest.MonkeyPatch, fault: tuple[Any, str], hits: list[int]) -> Callable[[], None]:
+    """The function that arms ``fault``: a plain function gets the raising body in place, so every
+    reference to it fails (ones bound at import time too); a closure or bound method is replaced by name."""
+    import builtins
+
+    monkeypatch.setattr(builtins, "__agl_fault_hits__", hits, raising=False)
+    owner, name = fault
+    target = vars(owner)[name] if inspect.isclass(owner) else getattr(owner, name)
+
+    def arm() -> None:
+        if inspect.isfunction(target) and not target.__code__.co_freevars:
+            monkeypatch.setattr(target, "__code__", _raiser.__code__)
+        else:
+            def boom(*args: Any, **kwargs: Any) -> Any:
+                hits.append(1)
+                raise RuntimeError("agl-injected-fault")
+
+            monkeypatch.setattr(owner, name, boom)
+
+    return arm
+
+
+def check_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """Each faulty site was logged exactly once, naming the injected fault, and counted."""
+    counts = guard.fault_counts()
+    assert sum(counts.values()) >= 1, "the fault was swallowed without being reported"
+    logged = [r for r in caplog.records if r.name == "agl" and "error in" in r.getMessage()]
+    assert sorted(r.args[0] for r in logged) == sorted(counts), "each faulty site is logged exactly once"  # type: ignore[index]
+    assert any("agl-injected-fault" in r.getMessage() for r in logged)
+
+
+FAULTS = hook_faults(attributes, plugin_instrumentor)
+NOT_ON_PATH = {
+    "agl_langchain.attributes._make_spaced", "_Memo.__init__",  # run once, at import
+    "agl_langchain.attributes.input_messages",  # the reference the memoised JSON is tested against; no hook calls it
+    "agl_langchain.attributes._param_default",  # JSON fallback for invocation parameters JSON cannot hold
+}
+
+SCRIPT = ["a1", "s1", {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]}, "It is sunny.", "async"]
+
+
+@tool
+def lookup(city: str) -> str:
+    """Weather in a city."""
+    return f"sunny in {city}"
+
+
+@tool
+def broken(city: str) -> str:
+    """A tool that raises."""
+    raise ValueError(f"no weather for {city}")
+
+
+def _llm(srv: FakeOpenAI) -> ChatOpenAI:
+    return ChatOpenAI(model="policy", base_url=srv.url, api_key="x", max_retries=0,  # type: ignore[arg-type]
+                      extra_body={"return_token_ids": True})
+
+
+def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
+          after: Callable[[], None] = lambda: None) -> list[Any]:
+    """A plain call (a message new to agl's memo), a stream, a tool-calling agent and an async call."""
+    llm = _llm(srv)
+    out: list[Any] = []
+    with agl.rollout("fail-open") as run:
+        during()
+        out.append(llm.invoke([HumanMessage(f"fresh {uuid.uuid4()}")]).content)
+        out.append("".join(str(c.content) for c in llm.stream("q")))
+        result = create_agent(llm, [lookup], name="weather").invoke({"messages": [HumanMessage("weather in Paris?")]})
+        out.append([(type(m).__name__, m.content) for m in result["messages"]])
+        out.append(asyncio.run(llm.ainvoke("q")).content)
+        with pytest.raises(ValueError) as caught:  # the tool's own exception reaches the caller unchanged
+            broken.invoke({"city": "Atlantis"})
+        out.append(repr(caught.value))
+        after()
+        agl.emit_reward(1.0)
+    assert run.rollout.status == "succeeded"
+    assert trace.get_current_span() is trace.INVALID_SPAN, "a span of ours was left current"
+    out.append(run.trajectory().reward)
+    return out
+
+
+def failing_agent(srv: FakeOpenAI) -> tuple[type[BaseException], str]:
+    with pytest.raises(openai.APIStatusError) as caught:
+        _llm(srv).invoke("q")
+    return type(caught.value), str(caught.value)
+
+
+@pytest.fixture
+def baseline(instrumented: Any) -> Iterator[tuple[list[Any], tuple[type[BaseException], str]]]:
+    with FakeOpenAI(script=SCRIPT) as srv:
+        good = agent(srv)
+    with FakeOpenAI(status=500) as srv:
+        bad = failing_agent(srv)
+    guard.reset_fault_counts()
+    yield good, bad
+    guard.reset_fault_counts()
+
+
+def test_the_introspection_finds_the_hooks() -> None:
+    names = {fault_id(f) for f in FAULTS}
+    assert "agl_core.collector.tracer" in names and "agl_langchain.instrumentor.set_on" in names
+    assert len([n for n in names if n.startswith("agl_langchain.attributes.")]) >= 10, sorted(names)
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=fault_id)
+def test_a_fault_in_any_hook_function_never_changes_what_the_agent_gets(
+        baseline: tuple[list[Any], tuple[type[BaseException], str]], fault: tuple[Any, str],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    good, bad = baseline
+    hits: list[int] = []
+    arm = inject(monkeypatch, fault, hits)
+    caplog.set_level(logging.WARNING, logger="agl")
+    with FakeOpenAI(script=SCRIPT) as srv:
+        if fault[0] is collector:  # agl.rollout() and emit_reward need the tracer too: fault only the hooks
+            got = agent(srv, during=arm, after=monkeypatch.undo)
+        else:
+            arm()
+            got = agent(srv)
+            with FakeOpenAI(status=500) as failing:
+                assert failing_agent(failing) == bad  # the agent's own error passes through unchanged
+    monkeypatch.undo()
+    assert got == good
+    if fault_id(fault) in NOT_ON_PATH:
+        assert not hits, f"{fault_id(fault)} is reached now: take it out of NOT_ON_PATH"
+        return
+    assert hits, f"the agent never reached {fault_id(fault)}: list it in NOT_ON_PATH or reach it"
+    check_reported(caplog)
