@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import agl_core as agl
 from agl_core import guard, semconv
 from agl_core.testing import FakeOpenAI, render_prompt, tokenize
 
@@ -110,3 +111,15 @@ def test_code_in_a_calculator_call_is_refused_and_penalised(serve: Callable[...,
     assert "not arithmetic" in str(traj.transitions[1].prompt[-1]["content"])  # the model was told why
     tools = [s for s in run.rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "execute_tool"]
     assert [s.attributes[semconv.AGL_TOOL_STATUS] for s in tools] == ["exception", "ok"]
+
+
+def test_the_fake_mode_main_runs_and_prints_rewards(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # main points it at its fake; restored after
+    monkeypatch.setenv("OPENAI_API_KEY", "not-a-key")
+    try:
+        assert calc_agent.main(["--fake", "--tasks", "3"]) == 0
+    finally:
+        agl.uninstrument()
+    out = capsys.readouterr().out
+    assert out.count("final reward") == 3 and "response ids" in out

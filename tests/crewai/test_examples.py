@@ -107,3 +107,15 @@ def test_looking_up_a_missing_order_is_an_air_penalty(model: Callable[..., FakeO
     tools = [s for s in run.rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "execute_tool"]
     assert [s.attributes[semconv.AGL_TOOL_STATUS] for s in tools] == ["exception", "ok"]
     assert "no order" in str(traj.transitions[1].prompt[-1]["content"])  # the researcher saw what went wrong
+
+
+def test_the_fake_mode_main_runs_and_prints_rewards(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # main points it at its fake; restored after
+    monkeypatch.setenv("OPENAI_API_KEY", "not-a-key")
+    try:
+        assert crew_agent.main(["--fake", "--tasks", "2"]) == 0
+    finally:
+        agl.uninstrument()
+    out = capsys.readouterr().out
+    assert out.count("final reward") == 2 and "response ids" in out

@@ -113,3 +113,15 @@ def test_out_of_rewrites_keeps_the_last_query_and_every_penalty(with_openai: Ins
     assert [t.reward for t in traj.transitions] == [sql_agent.SQL_ERROR_REWARD] * 3
     assert traj.reward == 0.0
     assert len(model.requests) == 2 * (1 + sql_agent.MAX_REWRITES)
+
+
+def test_the_fake_mode_main_runs_and_prints_rewards(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # main points it at its fake; restored after
+    monkeypatch.setenv("OPENAI_API_KEY", "not-a-key")
+    try:
+        assert sql_agent.main(["--fake", "--tasks", "3"]) == 0
+    finally:
+        agl.uninstrument()
+    out = capsys.readouterr().out
+    assert out.count("final reward") == 3 and "response ids" in out

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import agl_core as agl
 from agl_core import guard, semconv
 from agl_core.testing import FakeOpenAI, render_prompt, tokenize
 
@@ -109,3 +110,15 @@ def test_a_failed_search_is_an_air_penalty(serve: Callable[..., FakeOpenAI]) -> 
     assert [t.reward for t in traj.transitions] == [rag_agent.SEARCH_ERROR_REWARD, None, None]
     assert traj.transitions[0].credited_reward == pytest.approx(1.0 + rag_agent.SEARCH_ERROR_REWARD)
     assert traj.transitions[1].prompt[-1]["content"] == "search failed: the search query is empty"
+
+
+def test_the_fake_mode_main_runs_and_prints_rewards(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # main points it at its fake; restored after
+    monkeypatch.setenv("OPENAI_API_KEY", "not-a-key")
+    try:
+        assert rag_agent.main(["--fake", "--tasks", "2"]) == 0
+    finally:
+        agl.uninstrument()
+    out = capsys.readouterr().out
+    assert out.count("final reward") == 2 and "response ids" in out
