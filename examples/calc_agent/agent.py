@@ -20,8 +20,6 @@ needs a ``model_info`` for a model it does not know: function calling on).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
 import re
 import sys
@@ -33,8 +31,9 @@ from autogen_core.tools import FunctionTool
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
 import agl_core as agl
+from examples import runner
 from examples.calc_agent.calculator import TASKS, calculate, reward
-from examples.report import model_name, show
+from examples.runner import model_name
 
 __all__ = ["BUILDER", "CALCULATOR_ERROR_REWARD", "TASKS", "build_agent", "model_client", "rollout", "solve"]
 
@@ -109,26 +108,7 @@ def fake_policy(request: dict[str, Any]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="model name (default $AGL_MODEL, else 'policy')")
-    parser.add_argument("--tasks", type=int, default=3, help="how many tasks to run")
-    parser.add_argument("--fake", action="store_true", help="answer with a scripted fake model on 127.0.0.1")
-    args = parser.parse_args(argv)
-    print(f"agl: capturing {', '.join(agl.instrument())}")
-    server = None
-    if args.fake:
-        from agl_core.testing import FakeOpenAI
-
-        server = FakeOpenAI(fake_policy, return_token_ids=True).start()
-        os.environ.update(OPENAI_BASE_URL=server.url, OPENAI_API_KEY="not-needed")
-    try:
-        for task in TASKS[:args.tasks]:
-            score = asyncio.run(rollout(task, model=args.model))
-            show(task["id"], f"reward {score}", rollout.last_run.trajectory())
-    finally:
-        if server is not None:
-            server.stop()
-    return 0
+    return runner.main(__doc__ or "", rollout, TASKS, fake_policy, argv, default_tasks=3)
 
 
 if __name__ == "__main__":

@@ -16,32 +16,14 @@ import math
 import operator
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from examples.runner import read_tasks
 
 __all__ = ["TASKS", "CalculatorError", "answer_of", "calculate", "reward"]
 
-TASKS: list[dict[str, Any]] = [
-    {"id": "calc-01", "question": "A baker makes 24 rolls an hour for 7 hours, then sells all but 13. "
-                                  "How many rolls does she sell?", "answer": 155},
-    {"id": "calc-02", "question": "Tickets cost 12.50 each. A class of 28 pupils and 3 teachers goes to the "
-                                  "museum. What do the tickets cost in total?", "answer": 387.5},
-    {"id": "calc-03", "question": "A tank holds 1,200 litres and loses 35 litres a day. How many litres are left "
-                                  "after 18 days?", "answer": 570},
-    {"id": "calc-04", "question": "Three friends share a bill of 147 equally, then each adds a tip of 4. "
-                                  "How much does each pay?", "answer": 53},
-    {"id": "calc-05", "question": "A train travels 342 km in 4.5 hours. What is its average speed in km/h?",
-     "answer": 76},
-    {"id": "calc-06", "question": "A garden is 17 m long and 9 m wide. Fencing costs 6 per metre. "
-                                  "What does it cost to fence the whole perimeter?", "answer": 312},
-    {"id": "calc-07", "question": "A shop buys 250 pens at 0.80 each and sells them at 1.25 each. "
-                                  "What is its profit if it sells all of them?", "answer": 112.5},
-    {"id": "calc-08", "question": "A library has 4,380 books on 12 equal shelves, and 5 shelves are moved out. "
-                                  "How many books are moved?", "answer": 1825},
-    {"id": "calc-09", "question": "A phone costs 640 and is discounted by 15 percent. What is the new price?",
-     "answer": 544},
-    {"id": "calc-10", "question": "Sam saves 45 a week for 16 weeks and then spends a third of the savings. "
-                                  "How much is left?", "answer": 480},
-]
+TASKS: list[dict[str, Any]] = read_tasks(Path(__file__).with_name("tasks.jsonl"))
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,

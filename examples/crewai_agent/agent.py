@@ -24,18 +24,19 @@ own telemetry is for the user to switch off (``CREWAI_DISABLE_TELEMETRY=true``).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from crewai import LLM, Agent, Crew, Process, Task
 from crewai.tools import tool
 
 import agl_core as agl
-from examples.report import model_name, show
+from examples import runner
+from examples.runner import model_name, read_tasks
 
 __all__ = ["BUILDER", "LOOKUP_ERROR_REWARD", "ORDERS", "TASKS", "build_crew", "reward", "rollout", "solve"]
 
@@ -51,16 +52,7 @@ ORDERS: dict[str, dict[str, str]] = {
     "B-2001": {"status": "shipped", "carrier": "Rapidex", "delivery": "1 December"},
 }
 
-TASKS: list[dict[str, Any]] = [
-    {"id": "crew-01", "question": "Hi, where is my order A-1001 and when will it arrive?",
-     "facts": ["shipped", "3 December"]},
-    {"id": "crew-02", "question": "Order A-1002: has it shipped yet? When can I expect it?",
-     "facts": ["processing", "9 December"]},
-    {"id": "crew-03", "question": "Was my order A-1003 delivered?", "facts": ["delivered", "27 November"]},
-    {"id": "crew-04", "question": "What happened to order A-1004?", "facts": ["cancelled"]},
-    {"id": "crew-05", "question": "Can you tell me the status and delivery date of order B-2001?",
-     "facts": ["shipped", "1 December"]},
-]
+TASKS: list[dict[str, Any]] = read_tasks(Path(__file__).with_name("tasks.jsonl"))
 
 
 @tool("order_lookup")
@@ -136,27 +128,8 @@ def fake_policy(request: dict[str, Any]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="model name (default $AGL_MODEL, else 'policy')")
-    parser.add_argument("--tasks", type=int, default=2, help="how many tasks to run")
-    parser.add_argument("--fake", action="store_true", help="answer with a scripted fake model on 127.0.0.1")
-    args = parser.parse_args(argv)
     logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)  # token-count estimates for unknown models
-    print(f"agl: capturing {', '.join(agl.instrument())}")
-    server = None
-    if args.fake:
-        from agl_core.testing import FakeOpenAI
-
-        server = FakeOpenAI(fake_policy, return_token_ids=True).start()
-        os.environ.update(OPENAI_BASE_URL=server.url, OPENAI_API_KEY="not-needed")
-    try:
-        for task in TASKS[:args.tasks]:
-            score = rollout(task, model=args.model)
-            show(task["id"], f"reward {score}", rollout.last_run.trajectory())
-    finally:
-        if server is not None:
-            server.stop()
-    return 0
+    return runner.main(__doc__ or "", rollout, TASKS, fake_policy, argv, default_tasks=2)
 
 
 if __name__ == "__main__":

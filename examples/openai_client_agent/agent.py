@@ -23,18 +23,18 @@ The model is any OpenAI-compatible server: ``openai.OpenAI()`` reads
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import string
 import sys
+from pathlib import Path
 from typing import Any
 
 import openai
 
 import agl_core as agl
-from examples.report import model_name, show
+from examples import runner
+from examples.runner import model_name, read_tasks
 
 __all__ = ["ATLAS", "BUILDER", "TASKS", "TOOL_ERROR_REWARD", "country_facts", "reward", "rollout", "run_agent"]
 
@@ -53,14 +53,7 @@ ATLAS: dict[str, dict[str, Any]] = {
     "Canada": {"capital": "Ottawa", "currency": "Canadian dollar", "population_millions": 40.1},
 }
 
-TASKS: list[dict[str, Any]] = [
-    {"id": "atlas-01", "question": "What is the capital of Kenya?", "answer": "Nairobi"},
-    {"id": "atlas-02", "question": "Which currency is used in Vietnam?", "answer": "dong"},
-    {"id": "atlas-03", "question": "Which has more people, Chile or Portugal?", "answer": "Chile"},
-    {"id": "atlas-04", "question": "What is the capital of Canada?", "answer": "Ottawa"},
-    {"id": "atlas-05", "question": "Which has fewer people, Norway or Portugal?", "answer": "Norway"},
-    {"id": "atlas-06", "question": "Which currency is used in Norway?", "answer": "Norwegian krone"},
-]
+TASKS: list[dict[str, Any]] = read_tasks(Path(__file__).with_name("tasks.jsonl"))
 
 TOOLS: list[dict[str, Any]] = [{
     "type": "function",
@@ -160,26 +153,7 @@ def fake_policy(request: dict[str, Any]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="model name (default $AGL_MODEL, else 'policy')")
-    parser.add_argument("--tasks", type=int, default=3, help="how many tasks to run")
-    parser.add_argument("--fake", action="store_true", help="answer with a scripted fake model on 127.0.0.1")
-    args = parser.parse_args(argv)
-    print(f"agl: capturing {', '.join(agl.instrument())}")
-    server = None
-    if args.fake:
-        from agl_core.testing import FakeOpenAI
-
-        server = FakeOpenAI(fake_policy, return_token_ids=True).start()
-        os.environ.update(OPENAI_BASE_URL=server.url, OPENAI_API_KEY="not-needed")
-    try:
-        for task in TASKS[:args.tasks]:
-            score = rollout(task, model=args.model)
-            show(task["id"], f"reward {score}", rollout.last_run.trajectory())
-    finally:
-        if server is not None:
-            server.stop()
-    return 0
+    return runner.main(__doc__ or "", rollout, TASKS, fake_policy, argv, default_tasks=3)
 
 
 if __name__ == "__main__":

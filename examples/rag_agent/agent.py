@@ -22,10 +22,7 @@ vLLM key must not be sent to OpenAI's trace endpoint.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
-import os
 import re
 import sys
 from typing import Any
@@ -34,8 +31,9 @@ from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, 
 from openai import AsyncOpenAI
 
 import agl_core as agl
+from examples import runner
 from examples.rag_agent.corpus import BM25, DOCUMENTS, TASKS, reward
-from examples.report import model_name, show
+from examples.runner import model_name
 
 __all__ = ["BUILDER", "INDEX", "TASKS", "build_agent", "rollout", "search", "solve"]
 
@@ -103,26 +101,7 @@ def fake_policy(request: dict[str, Any]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="model name (default $AGL_MODEL, else 'policy')")
-    parser.add_argument("--tasks", type=int, default=3, help="how many tasks to run")
-    parser.add_argument("--fake", action="store_true", help="answer with a scripted fake model on 127.0.0.1")
-    args = parser.parse_args(argv)
-    print(f"agl: capturing {', '.join(agl.instrument())}")
-    server = None
-    if args.fake:
-        from agl_core.testing import FakeOpenAI
-
-        server = FakeOpenAI(fake_policy, return_token_ids=True).start()
-        os.environ.update(OPENAI_BASE_URL=server.url, OPENAI_API_KEY="not-needed")
-    try:
-        for task in TASKS[:args.tasks]:
-            score = asyncio.run(rollout(task, model=args.model))
-            show(task["id"], f"reward {score}", rollout.last_run.trajectory())
-    finally:
-        if server is not None:
-            server.stop()
-    return 0
+    return runner.main(__doc__ or "", rollout, TASKS, fake_policy, argv, default_tasks=3)
 
 
 if __name__ == "__main__":

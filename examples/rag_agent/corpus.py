@@ -14,7 +14,10 @@ import re
 import string
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from examples.runner import read_tasks
 
 __all__ = ["BM25", "DOCUMENTS", "TASKS", "exact_match", "f1", "normalize", "reward"]
 
@@ -48,19 +51,7 @@ DOCUMENTS: dict[str, str] = {
     "blue pear": "The blue pear is a fruit grown only on Brindle. Its skin turns blue in cold weather.",
 }
 
-TASKS: list[dict[str, Any]] = [
-    {"id": "rag-01", "question": "What is the capital of the Orrin Isles?", "answers": ["Velmora"]},
-    {"id": "rag-02", "question": "Who founded Velmora?", "answers": ["Ilse Harrow"]},
-    {"id": "rag-03", "question": "On which island was the founder of Velmora born?", "answers": ["Penwick"]},
-    {"id": "rag-04", "question": "How tall is the Lantern Tower, in metres?", "answers": ["41", "41 metres"]},
-    {"id": "rag-05", "question": "What currency do the Orrin Isles use?", "answers": ["the marrow", "marrow"]},
-    {"id": "rag-06", "question": "How many pins make one marrow?", "answers": ["60", "sixty"]},
-    {"id": "rag-07", "question": "In what year did Mount Caldor last erupt?", "answers": ["1741"]},
-    {"id": "rag-08", "question": "What fruit is grown only on Brindle?", "answers": ["the blue pear", "blue pear",
-                                                                                    "blue pears"]},
-    {"id": "rag-09", "question": "What is the main town of the island famous for blue pears?", "answers": ["Osk"]},
-    {"id": "rag-10", "question": "Which island is linked to Tessaly by a causeway?", "answers": ["Corran"]},
-]
+TASKS: list[dict[str, Any]] = read_tasks(Path(__file__).with_name("tasks.jsonl"))
 
 _TOKEN = re.compile(r"\w+")
 

@@ -31,7 +31,6 @@ or as training rollouts through agl's gateway::
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sqlite3
@@ -45,7 +44,8 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 
 import agl_core as agl
-from examples.report import model_name, show
+from examples import runner
+from examples.runner import model_name
 from examples.sql_agent.database import TASKS, connect, execute, schema_text, score
 
 __all__ = ["BUILDER", "SQL_ERROR_REWARD", "TASKS", "build_graph", "rollout", "solve"]
@@ -191,26 +191,7 @@ def fake_policy(request: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="model name (default $AGL_MODEL, else 'policy')")
-    parser.add_argument("--tasks", type=int, default=3, help="how many tasks to run")
-    parser.add_argument("--fake", action="store_true", help="answer with a scripted fake model on 127.0.0.1")
-    args = parser.parse_args(argv)
-    print(f"agl: capturing {', '.join(agl.instrument())}")
-    server = None
-    if args.fake:
-        from agl_core.testing import FakeOpenAI
-
-        server = FakeOpenAI(fake_policy, return_token_ids=True).start()
-        os.environ.update(OPENAI_BASE_URL=server.url, OPENAI_API_KEY="not-needed")
-    try:
-        for task in TASKS[:args.tasks]:
-            reward = rollout(task, model=args.model)
-            show(task["id"], f"reward {reward}", rollout.last_run.trajectory())
-    finally:
-        if server is not None:
-            server.stop()
-    return 0
+    return runner.main(__doc__ or "", rollout, TASKS, fake_policy, argv, default_tasks=3)
 
 
 if __name__ == "__main__":

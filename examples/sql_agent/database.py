@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections import Counter
+from pathlib import Path
 from typing import Any
+
+from examples.runner import read_tasks
 
 __all__ = ["SCHEMA", "TASKS", "connect", "execute", "results_match", "score", "schema_text"]
 
@@ -56,39 +59,7 @@ _PROJECTS = [(1, "Atlas", 1, 250000), (2, "Beacon", 2, 80000), (3, "Comet", 3, 3
 _ASSIGNMENTS = [(1, 1, 120), (2, 1, 80), (8, 4, 60), (1, 4, 30), (3, 2, 50), (4, 2, 70), (5, 3, 150),
                 (6, 3, 90), (10, 3, 110), (7, 5, 40), (9, 5, 35), (5, 1, 20)]
 
-TASKS: list[dict[str, Any]] = [
-    {"id": "sql-01", "question": "How many employees are there?",
-     "gold_sql": "SELECT COUNT(*) FROM employees"},
-    {"id": "sql-02", "question": "List the names of employees in the Engineering department.",
-     "gold_sql": "SELECT e.name FROM employees e JOIN departments d ON e.department_id = d.id "
-                 "WHERE d.name = 'Engineering'"},
-    {"id": "sql-03", "question": "What is the average salary in the Research department?",
-     "gold_sql": "SELECT AVG(e.salary) FROM employees e JOIN departments d ON e.department_id = d.id "
-                 "WHERE d.name = 'Research'"},
-    {"id": "sql-04", "question": "Which employee has the highest salary?",
-     "gold_sql": "SELECT name FROM employees ORDER BY salary DESC LIMIT 1"},
-    {"id": "sql-05", "question": "How many departments are located in Berlin?",
-     "gold_sql": "SELECT COUNT(*) FROM departments WHERE city = 'Berlin'"},
-    {"id": "sql-06", "question": "What is the total budget of projects run by the Engineering department?",
-     "gold_sql": "SELECT SUM(p.budget) FROM projects p JOIN departments d ON p.department_id = d.id "
-                 "WHERE d.name = 'Engineering'"},
-    {"id": "sql-07", "question": "List the names of employees hired after 2020, ordered by name.",
-     "gold_sql": "SELECT name FROM employees WHERE hired_year > 2020 ORDER BY name"},
-    {"id": "sql-08", "question": "How many hours in total were logged on the project Comet?",
-     "gold_sql": "SELECT SUM(a.hours) FROM assignments a JOIN projects p ON a.project_id = p.id "
-                 "WHERE p.name = 'Comet'"},
-    {"id": "sql-09", "question": "For each department, how many employees does it have? Give name and count.",
-     "gold_sql": "SELECT d.name, COUNT(e.id) FROM departments d LEFT JOIN employees e ON e.department_id = d.id "
-                 "GROUP BY d.id"},
-    {"id": "sql-10", "question": "Which employees work on more than one project?",
-     "gold_sql": "SELECT e.name FROM employees e JOIN assignments a ON a.employee_id = e.id "
-                 "GROUP BY e.id HAVING COUNT(DISTINCT a.project_id) > 1"},
-    {"id": "sql-11", "question": "What is the name of the project with the largest budget?",
-     "gold_sql": "SELECT name FROM projects ORDER BY budget DESC LIMIT 1"},
-    {"id": "sql-12", "question": "Which departments have no project with a budget over 100000?",
-     "gold_sql": "SELECT name FROM departments WHERE id NOT IN "
-                 "(SELECT department_id FROM projects WHERE budget > 100000)"},
-]
+TASKS: list[dict[str, Any]] = read_tasks(Path(__file__).with_name("tasks.jsonl"))
 
 
 def connect() -> sqlite3.Connection:

@@ -115,7 +115,7 @@ def test_the_fake_mode_main_runs_and_prints_rewards(monkeypatch: pytest.MonkeyPa
     finally:
         agl.uninstrument()
     out = capsys.readouterr().out
-    assert out.count("final reward 1.0") == 3 and "response ids" in out
+    assert out.count("(final reward in the trace: 1.0)") == 3 and "response ids" in out
 
 
 def test_the_trace_demo_example_still_runs() -> None:
@@ -124,3 +124,9 @@ def test_the_trace_demo_example_still_runs() -> None:
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "store: 3 rollouts" in out.stdout and "6 of 6 requests carried traceparent" in out.stdout
+
+
+def test_the_builder_is_what_train_yaml_gives_the_server() -> None:
+    """examples/openai_client_agent/train.yaml gives `agl train` these rules (tests/trainer checks it)."""
+    assert atlas.BUILDER.agent_match is None
+    assert atlas.BUILDER.air == agl.AirRules(tool_error=-0.25, tool_exception=-0.25, malformed_tool_call=-0.25)

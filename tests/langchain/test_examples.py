@@ -125,3 +125,9 @@ def test_the_fake_mode_main_runs_and_prints_rewards(monkeypatch: pytest.MonkeyPa
         agl.uninstrument()
     out = capsys.readouterr().out
     assert out.count("final reward") == 3 and "response ids" in out
+
+
+def test_the_builder_is_what_train_yaml_gives_the_server() -> None:
+    """examples/sql_agent/train.yaml gives `agl train` these rules (tests/trainer checks it)."""
+    assert sql_agent.BUILDER.agent_match.pattern == "writer|rewriter"
+    assert sql_agent.BUILDER.air == agl.AirRules(tool_error=-0.5, tool_exception=-0.5)
