@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
+
+from agl_core.testing import FakeOpenAI
+from agl_trainer.gateway import OpenAIBackend
+from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
 
 from . import sample_runs
 from .conftest import TOKEN, Filled
@@ -52,18 +58,37 @@ def test_stats_count_llm_and_tool_calls_per_agent(filled: Filled) -> None:
     # the checker ran after the solver in the four rollouts that did not fail
     assert checker == {"agent": "checker", "rollouts": 4, "llm_calls": 4, "llm_errors": 0, "tool_calls": 0,
                        "tool_errors": 0, "llm_error_rate": 0.0, "tool_error_rate": 0.0}
-    assert stats["rollouts"]["total"] == 6 and stats["rollouts"]["by_status"] == {"failed": 2, "succeeded": 4}
-    assert stats["rollouts"]["reward_mean"] == pytest.approx((1.0 + 1.0 + 0.0 + 0.5) / 4)
+    assert stats["rollouts"] == {"total": 6, "by_status": {"failed": 2, "succeeded": 4}}
+    assert stats["window"] == {"last": 1000, "rollouts": 6, "reward_mean": pytest.approx((1.0 + 1.0 + 0.0 + 0.5) / 4)}
+
+    # the newest two rollouts only: calc-6 (all fine) and calc-5 (the model's 500)
+    two = httpx.get(filled.url + "/v1/stats", params={"last": 2}).json()
+    assert two["window"] == {"last": 2, "rollouts": 2, "reward_mean": 0.5} and two["rollouts"]["total"] == 6
+    solver = next(a for a in two["agents"] if a["agent"] == "solver")
+    assert (solver["rollouts"], solver["llm_calls"], solver["llm_errors"], solver["tool_calls"]) == (2, 3, 1, 1)
+    bad = httpx.get(filled.url + "/v1/stats", params={"last": "all"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "last"
 
 
-def test_stats_on_an_empty_store(tmp_path: object) -> None:
-    from agl_trainer.gateway import OpenAIBackend
-    from agl_trainer.server import ServerConfig, TrainerServer
+def test_stats_follow_new_rollouts(tmp_path: Path) -> None:
+    with FakeOpenAI(script=sample_runs.script) as fake:
+        server = TrainerServer(ServerConfig(db_path=str(tmp_path / "agl.db"), port=0), OpenAIBackend(fake.url))
+        with ServerThread(server) as thread:
+            assert server.dashboard.stats()["agents"] == []
+            sample_runs.fill(thread.url)
+            before = server.dashboard.stats()
+            assert server.dashboard.stats() == before  # nothing new: the same answer (from the cache)
+            sample_runs.fill(thread.url)
+            after = server.dashboard.stats()
+            assert after["rollouts"]["total"] == 12
+            assert [a["llm_calls"] for a in after["agents"]] == [2 * a["llm_calls"] for a in before["agents"]]
 
-    server = TrainerServer(ServerConfig(db_path=str(tmp_path) + "/empty.db"), OpenAIBackend("http://127.0.0.1:9/v1"))
+
+def test_stats_on_an_empty_store(tmp_path: Path) -> None:
+    server = TrainerServer(ServerConfig(db_path=str(tmp_path / "empty.db")), OpenAIBackend("http://127.0.0.1:9/v1"))
     try:
-        assert server.dashboard.stats() == {"agents": [], "rollouts": {"total": 0, "by_status": {},
-                                                                        "reward_mean": None}}
+        assert server.dashboard.stats() == {"agents": [], "window": {"last": 1000, "rollouts": 0, "reward_mean": None},
+                                            "rollouts": {"total": 0, "by_status": {}}}
         assert server.dashboard.rollouts_page([], 25, 0) == {"data": [], "total": 0, "offset": 0, "limit": 25,
                                                              "counts": {}}
     finally:

@@ -7,8 +7,10 @@ step, nothing fetched from anywhere but this server) over the server's JSON API:
   newest first, with their final reward, error and span count, and the counts by status;
 - ``GET /v1/rollouts/{id}``: a rollout with its spans (the tree is drawn in the page);
 - ``GET /v1/metrics``: reward, loss and the trainer's other metrics per step;
-- ``GET /v1/stats``: LLM and tool calls per agent (the nearest ``gen_ai.agent.name``
-  on the span or its ancestors, as ``TransitionBuilder`` names agents) and their error rates.
+- ``GET /v1/stats?last=1000``: LLM and tool calls per agent over the newest ``last``
+  rollouts (the agent is the nearest ``gen_ai.agent.name`` on the span or its ancestors,
+  as ``TransitionBuilder`` names agents), their error rates and the window's mean final
+  reward; all rollouts by status.
 
 The page and its two files load without the bearer token; every JSON route
 needs it. The page takes the token once from ``?token=`` (or a form when a
@@ -57,6 +59,9 @@ _HEADERS = {
 
 _STATUSES: tuple[str, ...] = get_args(RolloutStatus)
 _MAX_PAGE = 500
+DEFAULT_STATS_WINDOW = 1000
+"""``GET /v1/stats`` counts the agents' calls over this many newest rollouts unless ``?last=`` says otherwise."""
+_MAX_STATS_WINDOW = 1_000_000
 _AGENT_OPS = (semconv.OP_INVOKE_AGENT, semconv.OP_CREATE_AGENT)
 _TOOL_FAILURES = (semconv.TOOL_ERROR, semconv.TOOL_EXCEPTION, semconv.TOOL_TIMEOUT)
 
@@ -70,6 +75,7 @@ class Dashboard:
 
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
+        self._agents_cache: tuple[tuple[Any, ...], list[dict[str, Any]]] | None = None
 
     def routes(self) -> list[Route]:
         return [
@@ -122,41 +128,63 @@ class Dashboard:
     # ------------------------------------------------------------------ stats
 
     async def get_stats(self, request: Request) -> Response:
-        return _json(await run_in_threadpool(self.stats))
+        last = _int(request.query_params, "last", DEFAULT_STATS_WINDOW, high=_MAX_STATS_WINDOW)
+        return _json(await run_in_threadpool(self.stats, last))
 
-    def stats(self) -> dict[str, Any]:
-        """LLM and tool calls per agent, with error counts and rates, and the rollouts by status."""
-        sql = (f"SELECT rollout_id, span_id, json_extract(data, '$.parent_id'), json_extract(data, '$.status'),"
-               f" {_attr(semconv.GEN_AI_OPERATION_NAME)}, {_attr(semconv.GEN_AI_AGENT_NAME)},"
-               f" {_attr(semconv.ERROR_TYPE)}, {_attr(semconv.AGL_TOOL_STATUS)} FROM spans ORDER BY rollout_id")
+    def stats(self, last: int = DEFAULT_STATS_WINDOW) -> dict[str, Any]:
+        """LLM and tool calls per agent and the mean reward over the newest ``last`` rollouts; all by status.
 
-        def work(conn: sqlite3.Connection) -> tuple[list[Any], list[Any]]:
-            by_status = conn.execute("SELECT status, count(*), avg(final_reward), count(final_reward)"
-                                     " FROM rollouts GROUP BY status").fetchall()
-            return conn.execute(sql).fetchall(), by_status
+        The agents' part reads every span of those rollouts, so it is kept until a span or a
+        rollout is added (storing a rollout again writes its spans anew): a dashboard polling an
+        idle server costs a few index lookups.
+        """
+        newest = "SELECT {} FROM rollouts ORDER BY start_time DESC, rowid DESC LIMIT ?"
+        spans_sql = (
+            f"SELECT rollout_id, span_id, json_extract(data, '$.parent_id'), json_extract(data, '$.status'),"
+            f" {_attr(semconv.GEN_AI_OPERATION_NAME)}, {_attr(semconv.GEN_AI_AGENT_NAME)},"
+            f" {_attr(semconv.ERROR_TYPE)}, {_attr(semconv.AGL_TOOL_STATUS)} FROM spans"
+            f" WHERE rollout_id IN ({newest.format('id')}) ORDER BY rollout_id")
 
-        spans, by_status = self.store._read(work)
-        agents: dict[str | None, dict[str, Any]] = {}
-        start = 0
-        while start < len(spans):
-            end = start
-            while end < len(spans) and spans[end][0] == spans[start][0]:
-                end += 1
-            _count_rollout(spans[start:end], agents)
-            start = end
-        rows = []
-        for name, c in agents.items():
-            rollouts = c.pop("_rollouts")
-            rows.append({"agent": name, "rollouts": len(rollouts), **c,
-                         "llm_error_rate": c["llm_errors"] / c["llm_calls"] if c["llm_calls"] else 0.0,
-                         "tool_error_rate": c["tool_errors"] / c["tool_calls"] if c["tool_calls"] else 0.0})
-        rows.sort(key=lambda r: (-r["llm_calls"], -r["tool_calls"], r["agent"] or ""))
-        rewarded = sum(n for _, _, _, n in by_status)
-        reward_sum = sum((mean or 0.0) * n for _, _, mean, n in by_status)
-        return {"agents": rows,
-                "rollouts": {"total": sum(n for _, n, _, _ in by_status),
-                             "by_status": {s: n for s, n, _, _ in by_status},
-                             "reward_mean": reward_sum / rewarded if rewarded else None}}
+        def work(conn: sqlite3.Connection) -> tuple[list[Any], tuple[Any, ...], tuple[Any, ...], list[Any] | None]:
+            by_status = conn.execute("SELECT status, count(*) FROM rollouts GROUP BY status").fetchall()
+            window = conn.execute(f"SELECT count(*), avg(final_reward) FROM ({newest.format('final_reward')})",
+                                  (last,)).fetchone()
+            key = (last, conn.execute("SELECT max(rowid) FROM spans").fetchone()[0],
+                   *conn.execute("SELECT max(rowid), count(*) FROM rollouts").fetchone())
+            cached = self._agents_cache
+            if cached is not None and cached[0] == key:
+                return by_status, window, key, None
+            return by_status, window, key, conn.execute(spans_sql, (last,)).fetchall()
+
+        by_status, (in_window, reward_mean), key, spans = self.store._read(work)
+        if spans is None:
+            assert self._agents_cache is not None
+            agents = self._agents_cache[1]
+        else:
+            agents = _agent_rows(spans)
+            self._agents_cache = (key, agents)
+        return {"agents": agents, "window": {"last": last, "rollouts": in_window, "reward_mean": reward_mean},
+                "rollouts": {"total": sum(n for _, n in by_status), "by_status": dict(by_status)}}
+
+
+def _agent_rows(spans: list[Any]) -> list[dict[str, Any]]:
+    """Per-agent rows from spans sorted by rollout."""
+    agents: dict[str | None, dict[str, Any]] = {}
+    start = 0
+    while start < len(spans):
+        end = start
+        while end < len(spans) and spans[end][0] == spans[start][0]:
+            end += 1
+        _count_rollout(spans[start:end], agents)
+        start = end
+    rows = []
+    for name, c in agents.items():
+        seen = c.pop("_rollouts")
+        rows.append({"agent": name, "rollouts": len(seen), **c,
+                     "llm_error_rate": c["llm_errors"] / c["llm_calls"] if c["llm_calls"] else 0.0,
+                     "tool_error_rate": c["tool_errors"] / c["tool_calls"] if c["tool_calls"] else 0.0})
+    rows.sort(key=lambda r: (-r["llm_calls"], -r["tool_calls"], r["agent"] or ""))
+    return rows
 
 
 def _count_rollout(spans: list[Any], agents: dict[str | None, dict[str, Any]]) -> None:

@@ -383,9 +383,10 @@ async function loadStats() {
     el("td", { class: "num", text: a.tool_calls }),
     pct(a.tool_error_rate, a.tool_errors))));
   if (!stats.agents.length) body.append(el("tr", {}, el("td", { colspan: 6, class: "hint", text: "no calls yet" })));
-  const r = stats.rollouts;
+  const r = stats.rollouts, w = stats.window;
   document.getElementById("stats-hint").textContent =
-    `${r.total} rollouts` + (r.reward_mean !== null ? ` · mean reward ${fmtNumber(r.reward_mean)}` : "");
+    (r.total > w.rollouts ? `the newest ${w.rollouts} of ` : "") + `${r.total} rollouts` +
+    (w.reward_mean !== null ? ` · mean reward ${fmtNumber(w.reward_mean)}` : "");
 }
 
 // ------------------------------------------------------------------ wiring
