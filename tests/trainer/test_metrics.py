@@ -38,6 +38,16 @@ def test_record_and_read_by_step_and_survive_restart(tmp_path: Path) -> None:
     again.close()
 
 
+def test_numpy_numbers_are_stored_as_plain_numbers(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")  # a trainer's loss and reward often come out of numpy or torch .item()
+    server = _server(tmp_path / "agl.db")
+    server.record_metrics(np.int64(4), {"loss": np.float32(0.25), "reward_mean": np.float64(0.5)})
+    assert server.metrics()[0]["step"] == 4 and server.metrics()[0]["values"] == {"loss": 0.25, "reward_mean": 0.5}
+    with pytest.raises(ValueError, match="'values.loss'"):
+        server.record_metrics(5, {"loss": np.float32("nan")})
+    server.close()
+
+
 @pytest.mark.parametrize(("step", "values", "names"), [
     (-1, {"loss": 1.0}, "'step'"),
     (True, {"loss": 1.0}, "'step'"),

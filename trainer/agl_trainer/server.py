@@ -146,7 +146,7 @@ class _Metrics:
                                " PRIMARY KEY (step, name))")
 
     def record(self, step: int, values: dict[str, float]) -> None:
-        rows = _metric_rows(step, values)
+        step, rows = _metric_rows(step, values)
         now = time.time()
         with self._lock:
             # one transaction: a bad value is refused before anything is written, and a crash loses a step whole
@@ -177,9 +177,9 @@ class _Metrics:
             self._conn.close()
 
 
-def _metric_rows(step: Any, values: Any) -> list[tuple[str, float]]:
+def _metric_rows(step: Any, values: Any) -> tuple[int, list[tuple[str, float]]]:
     """Check one step's metrics: a non-negative integer step, non-empty names, finite numbers."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or int(step) < 0:
         raise ValueError(f"'step' must be a non-negative integer, got {step!r}")
     if not isinstance(values, dict):
         raise ValueError(f"'values' must be a mapping of metric name to number, got {type(values).__name__}")
@@ -190,7 +190,7 @@ def _metric_rows(step: Any, values: Any) -> list[tuple[str, float]]:
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
             raise ValueError(f"'values.{name}' must be a finite number, got {value!r}")
         rows.append((name, float(value)))
-    return rows
+    return int(step), rows  # plain int and float: sqlite3 cannot bind numpy's
 
 
 class TrainerServer:
