@@ -280,7 +280,7 @@ def check_chat(body: Mapping[str, Any]) -> None:
         if not isinstance(message, dict):
             raise ApiError(400, f"'messages[{i}]' must be an object", f"messages[{i}]")
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a dict or list role is unhashable
             raise ApiError(400, f"'messages[{i}].role' must be one of {', '.join(sorted(ROLES))}, got "
                                 f"{json.dumps(role)[:40]}", f"messages[{i}].role")
         content = message.get("content")

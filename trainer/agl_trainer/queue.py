@@ -30,9 +30,12 @@ from typing import Any
 
 from agl_core.errors import SchemaError, StoreError
 
-__all__ = ["Lease", "LeaseLost", "TaskInfo", "TaskQueue", "TaskSpec"]
+__all__ = ["MAX_TASKS_PER_CALL", "Lease", "LeaseLost", "TaskInfo", "TaskQueue", "TaskSpec"]
 
 STATES = ("queued", "leased", "done", "failed")
+MAX_TASKS_PER_CALL = 100_000
+"""Most tasks (payloads times ``repeat``) one ``enqueue`` may add: a bigger call is refused before it fills memory."""
+_MAX_INT = 2**63 - 1  # SQLite's INTEGER
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS trainer_tasks (
@@ -194,6 +197,9 @@ class TaskQueue:
         _check_positive_int(attempts, "max_attempts")
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise SchemaError("group_id", f"must be a non-empty string, got {group_id!r}")
+        if len(tasks) * repeat > MAX_TASKS_PER_CALL:
+            raise SchemaError("repeat", f"{len(tasks)} tasks times repeat {repeat} is over {MAX_TASKS_PER_CALL}, "
+                                        f"the most one call may add; enqueue them in parts")
         rows: list[tuple[Any, ...]] = []
         now = self.clock()
         for i, spec in enumerate(tasks):
@@ -460,8 +466,8 @@ def _dumps(value: Any, name: str) -> str:
 
 
 def _check_positive_int(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SchemaError(name, f"must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_INT:
+        raise SchemaError(name, f"must be a positive integer (at most 2**63 - 1), got {value!r}")
 
 
 def _check_positive(value: Any, name: str) -> None:

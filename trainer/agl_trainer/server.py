@@ -20,6 +20,7 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
 - ``GET /v1/model``; ``POST /v1/model`` ``{"version", "weights"?}``: the trainer announces weights.
 - ``POST /v1/metrics`` ``{"step", "values": {name: number}}``; ``GET /v1/metrics``: training curves by step.
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
+- ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
 - ``/`` and ``/dashboard``: the dashboard (:mod:`agl_trainer.dashboard`), with ``GET /v1/stats``.
 
 Security: it listens on 127.0.0.1 unless told otherwise and then refuses to
@@ -61,6 +62,7 @@ from agl_trainer.api import DEFAULT_MAX_BODY_BYTES, ApiError, BearerAuth, error_
 from agl_trainer.dashboard import OPEN_PATHS as DASHBOARD_FILES
 from agl_trainer.dashboard import Dashboard
 from agl_trainer.gateway import Backend, Gateway, GatewayConfig
+from agl_trainer.openapi import openapi_json
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
 from agl_trainer.token_records import TokenRecords
 
@@ -70,6 +72,8 @@ logger = logging.getLogger("agl.trainer")
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _FINISHED = ("succeeded", "failed", "timeout", "cancelled")
+_STATUSES = ("running", *_FINISHED)
+_MAX_INT = 2**63 - 1  # SQLite's INTEGER: a bigger number would fail deep in the store
 
 
 @dataclass
@@ -179,7 +183,7 @@ class _Metrics:
 
 def _metric_rows(step: Any, values: Any) -> tuple[int, list[tuple[str, float]]]:
     """Check one step's metrics: a non-negative integer step, non-empty names, finite numbers."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or int(step) < 0:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= int(step) <= _MAX_INT:
         raise ValueError(f"'step' must be a non-negative integer, got {step!r}")
     if not isinstance(values, dict):
         raise ValueError(f"'values' must be a mapping of metric name to number, got {type(values).__name__}")
@@ -225,6 +229,7 @@ class TrainerServer:
         routes = [
             *self.gateway.routes(),  # first: the hot path matches at once
             Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/openapi.json", _openapi, methods=["GET"]),
             Route("/v1/tasks", self.enqueue, methods=["POST"]),
             Route("/v1/tasks", self.list_tasks, methods=["GET"]),
             Route("/v1/tasks/lease", self.lease, methods=["POST"]),
@@ -314,8 +319,8 @@ class TrainerServer:
 
     async def publish(self, version: int, weights: str | None = None) -> None:
         """New weights: the backend swaps them in, then calls are recorded under ``version``."""
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise SchemaError("version", f"must be a non-negative integer, got {version!r}")
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= _MAX_INT:
+            raise SchemaError("version", f"must be an integer from 0 to 2**63 - 1, got {version!r}")
         if version <= self.model.version:
             raise ApiError(409, f"version {version} is not newer than the current version {self.model.version}",
                            "version")
@@ -509,7 +514,7 @@ class TrainerServer:
 
     async def list_rollouts(self, request: Request) -> Response:
         q = request.query_params
-        statuses = q.getlist("status") or None
+        statuses = _status_param(q)
         kwargs: dict[str, Any] = {"task_id": q.get("task_id"), "status": statuses,
                                   "since": _float_param(q, "since"), "until": _float_param(q, "until"),
                                   "limit": _int_param(q, "limit"), "with_spans": _bool_param(q, "with_spans")}
@@ -553,7 +558,7 @@ class TrainerServer:
 
     async def list_trajectories(self, request: Request) -> Response:
         q = request.query_params
-        kwargs: dict[str, Any] = {"task_id": q.get("task_id"), "status": q.getlist("status") or None,
+        kwargs: dict[str, Any] = {"task_id": q.get("task_id"), "status": _status_param(q),
                                   "rollout_ids": q.getlist("rollout_id") or None}
         items = await run_in_threadpool(lambda: self.store.trajectories(**kwargs))
         return _json({"trajectories": [t.to_dict() for t in items]})
@@ -592,9 +597,18 @@ def _int_param(q: Any, name: str) -> int | None:
         value = int(raw)
     except ValueError:
         raise ApiError(400, f"query parameter '{name}' must be an integer, got {raw!r}", name) from None
-    if value < 0:
-        raise ApiError(400, f"query parameter '{name}' must be 0 or more, got {value}", name)
+    if not 0 <= value <= _MAX_INT:
+        raise ApiError(400, f"query parameter '{name}' must be an integer from 0 to 2**63 - 1, got {value}", name)
     return value
+
+
+def _status_param(q: Any) -> list[str] | None:
+    statuses: list[str] = q.getlist("status")
+    for status in statuses:
+        if status not in _STATUSES:
+            raise ApiError(400, f"query parameter 'status' must be one of {', '.join(_STATUSES)}, got {status!r}",
+                           "status")
+    return statuses or None
 
 
 def _float_param(q: Any, name: str) -> float | None:
@@ -622,6 +636,10 @@ def _bool_param(q: Any, name: str, default: bool = False) -> bool:
 
 
 # ---------------------------------------------------------------------- error answers
+
+
+async def _openapi(request: Request) -> Response:
+    return Response(openapi_json(), media_type="application/json")
 
 
 async def _on_api_error(request: Request, exc: Exception) -> Response:

@@ -1,0 +1,364 @@
+"""The server's OpenAPI 3.1 document, served at ``GET /openapi.json``.
+
+Written out as data, route by route, from what the handlers in
+:mod:`agl_trainer.server` and :mod:`agl_trainer.gateway` accept and answer:
+request bodies and query parameters with the bounds the server enforces, and
+every error status a route can give (all errors have the OpenAI shape, see
+:mod:`agl_trainer.api`). The record types (``Rollout``, ``Span``,
+``Transition``, ``Trajectory``) are core's own JSON Schema
+(``agl_core/schemas/agl.v1.schema.json``), so the two cannot drift apart.
+``tests/scale/test_openapi.py`` checks the document against the live server
+with schemathesis, and that every route of the app is in it.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from agl_trainer.queue import MAX_TASKS_PER_CALL
+
+__all__ = ["openapi_document", "openapi_json"]
+
+MAX_LEASE_WAIT_S = 60.0
+SQLITE_MAX_INT = 2**63 - 1
+
+Schema = dict[str, Any]
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_STRING = {"type": "string"}
+_NON_EMPTY = {"type": "string", "minLength": 1}
+_COUNT = {"type": "integer", "minimum": 0}
+
+
+def _obj(properties: dict[str, Schema], required: tuple[str, ...] = (), *, extra: bool = False) -> Schema:
+    out: Schema = {"type": "object", "properties": properties, "additionalProperties": extra}
+    if required:
+        out["required"] = list(required)
+    return out
+
+
+def _core_schemas() -> dict[str, Schema]:
+    """Core's record schemas, with their ``$defs`` references pointed at ``components/schemas``."""
+    text = resources.files("agl_core").joinpath("schemas/agl.v1.schema.json").read_text(encoding="utf-8")
+    text = text.replace('"#/$defs/', '"#/components/schemas/')
+    defs: dict[str, Schema] = json.loads(text)["$defs"]
+    return defs
+
+
+_ERROR = _obj({"error": _obj({
+    "message": _STRING,
+    "type": _STRING,
+    "param": _nullable(_STRING),
+    "code": {"type": "integer"},
+}, ("message", "type", "param", "code"))}, ("error",))
+
+_LEASE = _obj({
+    "lease_id": _STRING, "task_id": _STRING, "attempt": {"type": "integer", "minimum": 1}, "group_id": _STRING,
+    "task": {}, "worker_id": _STRING, "deadline": {"type": "number"}, "lease_timeout": {"type": "number"},
+}, ("lease_id", "task_id", "attempt", "group_id", "task", "worker_id", "deadline", "lease_timeout"))
+
+_ATTEMPT = _obj({
+    "attempt": {"type": "integer"}, "lease_id": _STRING, "worker_id": _nullable(_STRING),
+    "started": {"type": "number"}, "ended": _nullable({"type": "number"}), "outcome": _nullable(_STRING),
+    "rollout_id": _nullable(_STRING),
+}, ("attempt", "lease_id", "worker_id", "started", "ended", "outcome", "rollout_id"))
+
+_TASK_STATES = ["queued", "leased", "done", "failed"]
+_ROLLOUT_STATUSES = ["running", "succeeded", "failed", "timeout", "cancelled"]
+
+_TASK_INFO = _obj({
+    "task_id": _STRING, "group_id": _STRING, "task": {}, "state": {"enum": _TASK_STATES},
+    "attempt": _COUNT, "max_attempts": {"type": "integer", "minimum": 1}, "released": _COUNT,
+    "rollout_id": _nullable(_STRING), "error": _nullable(_STRING), "lease_id": _nullable(_STRING),
+    "worker_id": _nullable(_STRING), "deadline": _nullable({"type": "number"}),
+    "attempts": {"type": "array", "items": _ATTEMPT},
+}, ("task_id", "group_id", "task", "state", "attempt", "max_attempts", "released", "rollout_id", "error",
+    "lease_id", "worker_id", "deadline", "attempts"))
+
+_ENQUEUE = _obj({
+    "tasks": {"type": "array", "maxItems": MAX_TASKS_PER_CALL, "items": _obj({
+        "task": {"description": "The task payload: any JSON; a dict's task_id or id key names the task."},
+        "task_id": _nullable(_NON_EMPTY),
+        "group_id": _nullable(_NON_EMPTY),
+    }, ("task",))},
+    "repeat": {"type": "integer", "minimum": 1, "maximum": SQLITE_MAX_INT,
+               "description": f"Copies of each task (a GRPO group); tasks times repeat is at most "
+                              f"{MAX_TASKS_PER_CALL}."},
+    "group_id": _nullable(_NON_EMPTY),
+    "max_attempts": _nullable({"type": "integer", "minimum": 1, "maximum": SQLITE_MAX_INT}),
+}, ("tasks",), extra=True)
+
+_LEASE_REQUEST = _obj({
+    "worker_id": _NON_EMPTY,
+    "wait_s": {"type": "number", "minimum": 0, "maximum": MAX_LEASE_WAIT_S},
+    "lease_timeout": _nullable({"type": "number", "exclusiveMinimum": 0}),
+}, extra=True)
+
+_ROLLOUT_SUMMARY = _obj({
+    "rollout_id": _STRING, "task_id": _STRING, "attempt": {"type": "integer"}, "status": {"enum": _ROLLOUT_STATUSES},
+    "transitions": _COUNT, "token_sources": {"type": "object", "additionalProperties": _COUNT}, "joined": _COUNT,
+    "skipped": {"type": "array", "items": _ref("Skipped")}, "already_stored": {"type": "boolean"},
+}, ("rollout_id", "task_id", "attempt", "status", "transitions"))
+
+_MODEL = _obj({
+    "model": _nullable(_STRING), "version": _COUNT, "weights": _nullable(_STRING), "updated_at": {"type": "number"},
+}, ("model", "version", "weights", "updated_at"))
+
+_MESSAGE = _obj({
+    "role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
+    "content": _nullable({"anyOf": [_STRING, {"type": "array"}]}),
+    "tool_calls": _nullable({"type": "array"}),
+}, ("role",), extra=True)
+
+_SAMPLING: dict[str, Schema] = {
+    "model": _STRING,
+    "stream": {"type": "boolean"},
+    "stream_options": {"type": "object"},
+    "return_token_ids": {"type": "boolean"},
+    "temperature": {"type": "number", "minimum": 0},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "presence_penalty": {"type": "number"},
+    "frequency_penalty": {"type": "number"},
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "n": {"type": "integer", "minimum": 1},
+    "seed": {"type": "integer"},
+    "top_k": {"type": "integer"},
+    "stop": {"anyOf": [_STRING, {"type": "array", "items": _STRING}]},
+}
+
+# the gateway takes null for any optional field as "not given", as OpenAI's API does
+_CHAT_REQUEST = _obj({
+    "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+    **{name: _nullable(schema) for name, schema in {
+        "logprobs": {"type": "boolean"},
+        "top_logprobs": {"type": "integer"},
+        "tools": {"type": "array", "items": {"type": "object"}},
+        **_SAMPLING,
+    }.items()},
+}, ("messages",), extra=True)
+
+_COMPLETION_REQUEST = _obj({
+    "prompt": {"anyOf": [_STRING, {"type": "array", "minItems": 1, "items": {"type": "integer"}}]},
+    **{name: _nullable(schema) for name, schema in {
+        "logprobs": {"type": "integer"},
+        "echo": {"type": "boolean"},
+        **_SAMPLING,
+    }.items()},
+}, ("prompt",), extra=True)
+
+_COMPLETION_REPLY = {"type": "object", "properties": {"choices": {"type": "array"}}, "required": ["choices"]}
+
+
+# --------------------------------------------------------------------------- operations
+
+_ERRORS = {
+    400: "Bad input: the body or a parameter; error.param names the field.",
+    401: "A bearer token is needed (the server was started with one) or is wrong.",
+    404: "No such record.",
+    409: "Conflict: the lease is no longer current, or the model version is not newer.",
+    413: "The request body is larger than the server accepts.",
+    502: "The model backend failed, or could not be reached.",
+    503: "The store could not do it (a busy or failing database); safe to retry.",
+    504: "The model backend did not answer in time.",
+}
+
+
+def _error(status: int) -> Schema:
+    return {"description": _ERRORS[status], "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+def _json(schema: Schema, description: str = "OK") -> Schema:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _body(schema: Schema, *, required: bool = True) -> Schema:
+    return {"required": required, "content": {"application/json": {"schema": schema}}}
+
+
+def _op(summary: str, responses: dict[int, Schema], *, errors: tuple[int, ...] = (), body: Schema | None = None,
+        params: list[Schema] | None = None, secured: bool = True) -> Schema:
+    out: Schema = {"summary": summary, "responses": {str(k): v for k, v in responses.items()}}
+    # every route with a JSON body may get 400 (not JSON, wrong shape) and 413 (too large)
+    codes = set(errors) | ({400, 413} if body is not None else set()) | ({401} if secured else set())
+    for code in sorted(codes):
+        out["responses"][str(code)] = _error(code)
+    if body is not None:
+        out["requestBody"] = body
+    if params:
+        out["parameters"] = params
+    if not secured:
+        out["security"] = []
+    return out
+
+
+def _query(name: str, schema: Schema, description: str = "", *, array: bool = False) -> Schema:
+    p: Schema = {"name": name, "in": "query", "required": False,
+                 "schema": {"type": "array", "items": schema} if array else schema}
+    if array:
+        p["style"], p["explode"] = "form", True
+    if description:
+        p["description"] = description
+    return p
+
+
+def _path(name: str) -> Schema:
+    return {"name": name, "in": "path", "required": True, "schema": _NON_EMPTY}
+
+
+_BOOL = {"type": "boolean"}
+_LIMIT = {"type": "integer", "minimum": 0, "maximum": SQLITE_MAX_INT}
+
+
+def _paths() -> dict[str, Any]:
+    return {
+        "/healthz": {"get": _op("Liveness: answers without a token.", {200: _json(_obj({"ok": _BOOL}, ("ok",)))},
+                                secured=False)},
+        "/openapi.json": {"get": _op("This document.", {200: _json({"type": "object"})})},
+        "/v1/tasks": {
+            "post": _op("Enqueue tasks (all or nothing: a task id already queued fails the whole call).",
+                        {201: _json(_obj({"task_ids": {"type": "array", "items": _STRING}}, ("task_ids",)),
+                                    "The new task ids, in queue order.")},
+                        body=_body(_ENQUEUE), errors=(503,)),
+            "get": _op("Tasks in queue order, filtered by state and group.",
+                       {200: _json(_obj({"tasks": {"type": "array", "items": _ref("TaskInfo")}}, ("tasks",)))},
+                       params=[_query("state", {"enum": _TASK_STATES}), _query("group_id", _STRING),
+                               _query("limit", {**_LIMIT, "minimum": 1})], errors=(400, 503)),
+        },
+        "/v1/tasks/lease": {"post": _op(
+            "Lease the oldest queued task as its next attempt, waiting up to wait_s seconds for one.",
+            {200: _json(_ref("Lease"), "A lease."), 204: {"description": "No task came within wait_s."}},
+            body=_body(_LEASE_REQUEST), errors=(503,))},
+        "/v1/tasks/{task_id}": {"get": _op(
+            "A task's state and the history of its attempts.", {200: _json(_ref("TaskInfo"))},
+            params=[_path("task_id")], errors=(404, 503))},
+        "/v1/queue": {"get": _op("How many tasks are in each state.",
+                                 {200: _json(_obj({s: _COUNT for s in _TASK_STATES}, tuple(_TASK_STATES)))},
+                                 errors=(503,))},
+        "/v1/leases/heartbeat": {"post": _op(
+            "Push back the deadlines of these leases.",
+            {200: _json(_obj({"alive": {"type": "array", "items": _STRING},
+                              "lost": {"type": "array", "items": _STRING}}, ("alive", "lost")))},
+            body=_body(_obj({"lease_ids": {"type": "array", "items": _STRING}}, ("lease_ids",), extra=True)),
+            errors=(503,))},
+        "/v1/leases/{lease_id}/release": {"post": _op(
+            "Give a lease back: the task is queued again and this attempt is not counted as a try.",
+            {200: _json(_obj({"released": _STRING}, ("released",)))},
+            body=_body(_obj({"reason": _nullable(_STRING)}, extra=True), required=False),
+            params=[_path("lease_id")], errors=(409, 503))},
+        "/v1/rollouts": {
+            "post": _op("Store a finished rollout (spans included); with lease_id its task is done in the same step.",
+                        {201: _json(_ROLLOUT_SUMMARY, "Stored; its transitions were built with gateway token ids.")},
+                        body=_body(_ref("Rollout")),
+                        params=[_query("lease_id", _STRING, "The lease this rollout is the result of.")],
+                        errors=(409, 503)),
+            "get": _op("Stored rollouts, oldest first.",
+                       {200: _json(_obj({"rollouts": {"type": "array", "items": _ref("Rollout")}}, ("rollouts",)))},
+                       params=[_query("task_id", _STRING), _query("status", {"enum": _ROLLOUT_STATUSES}, array=True),
+                               _query("since", {"type": "number"}), _query("until", {"type": "number"}),
+                               _query("limit", _LIMIT), _query("with_spans", _BOOL)], errors=(400, 503)),
+        },
+        "/v1/rollouts/{rollout_id}": {"get": _op(
+            "One rollout, with its spans unless with_spans=false.", {200: _json(_ref("Rollout"))},
+            params=[_path("rollout_id"), _query("with_spans", _BOOL)], errors=(400, 404, 503))},
+        "/v1/rollouts/{rollout_id}/spans": {
+            "get": _op("A rollout's spans.", {200: _json(_obj({"spans": {"type": "array", "items": _ref("Span")}},
+                                                              ("spans",)))},
+                       params=[_path("rollout_id")], errors=(503,)),
+            "post": _op("Add spans to a stored rollout (a span id it already has is kept as it was).",
+                        {200: _json(_obj({"added": _COUNT}, ("added",)))},
+                        body=_body(_obj({"spans": {"type": "array", "items": _ref("Span")}}, ("spans",), extra=True)),
+                        params=[_path("rollout_id")], errors=(404, 503)),
+        },
+        "/v1/transitions": {"get": _op(
+            "Stored transitions, by rollout or task.",
+            {200: _json(_obj({"transitions": {"type": "array", "items": _ref("Transition")}}, ("transitions",)))},
+            params=[_query("rollout_id", _STRING), _query("task_id", _STRING)], errors=(503,))},
+        "/v1/trajectories": {"get": _op(
+            "Stored trajectories (transitions with rewards), by task, status or rollout ids.",
+            {200: _json(_obj({"trajectories": {"type": "array", "items": _ref("Trajectory")}}, ("trajectories",)))},
+            params=[_query("task_id", _STRING), _query("status", {"enum": _ROLLOUT_STATUSES}, array=True),
+                    _query("rollout_id", _STRING, array=True)], errors=(400, 503))},
+        "/v1/model": {
+            "get": _op("The current model version, its weights and the served model's name.", {200: _json(_MODEL)}),
+            "post": _op("Announce new weights: the backend swaps them in, then calls are recorded under version.",
+                        {200: _json(_MODEL)},
+                        body=_body(_obj({"version": {"type": "integer", "minimum": 0, "maximum": SQLITE_MAX_INT},
+                                         "weights": _nullable(_STRING)}, ("version",), extra=True)),
+                        errors=(409, 502, 503, 504)),
+        },
+        "/v1/metrics": {
+            "get": _op("Training metrics, by step.", {200: _json(_obj({"data": {"type": "array", "items": _obj({
+                "step": _COUNT, "time": {"type": "number"},
+                "values": {"type": "object", "additionalProperties": {"type": "number"}}},
+                ("step", "time", "values"))}}, ("data",)))}, errors=(503,)),
+            "post": _op("Record one training step's metrics (a name already recorded for the step is replaced).",
+                        {201: _json(_obj({"step": _COUNT, "recorded": _COUNT}, ("step", "recorded")))},
+                        body=_body(_obj({"step": {"type": "integer", "minimum": 0, "maximum": SQLITE_MAX_INT},
+                                         "values": {"type": "object", "additionalProperties": {"type": "number"}}},
+                                        ("step", "values"), extra=True)),
+                        errors=(503,)),
+        },
+        "/v1/chat/completions": {"post": _op(
+            "OpenAI chat completions through the gateway, recording the call's token ids by traceparent.",
+            {200: {"description": "The backend's reply (a JSON object, or server-sent events with stream=true).",
+                   "content": {"application/json": {"schema": _COMPLETION_REPLY},
+                               "text/event-stream": {"schema": {}}}}},
+            body=_body(_CHAT_REQUEST), params=[_traceparent()], errors=(502, 504))},
+        "/v1/completions": {"post": _op(
+            "OpenAI text completions through the gateway, recording the call's token ids by traceparent.",
+            {200: {"description": "The backend's reply (a JSON object, or server-sent events with stream=true).",
+                   "content": {"application/json": {"schema": _COMPLETION_REPLY},
+                               "text/event-stream": {"schema": {}}}}},
+            body=_body(_COMPLETION_REQUEST), params=[_traceparent()], errors=(502, 504))},
+        "/v1/models": {"get": _op(
+            "The served model.",
+            {200: _json(_obj({"object": _STRING, "data": {"type": "array", "items": {"type": "object"}}},
+                             ("object", "data")))}, errors=(502, 504))},
+    }
+
+
+def _traceparent() -> Schema:
+    return {"name": "traceparent", "in": "header", "required": False, "schema": _STRING,
+            "description": "W3C trace context of the agent's LLM span; the call's token ids are recorded under it."}
+
+
+@cache
+def _document() -> str:
+    schemas: dict[str, Schema] = {
+        **_core_schemas(), "Error": _ERROR, "Lease": _LEASE, "TaskInfo": _TASK_INFO,
+    }
+    doc = {
+        "openapi": "3.1.0",
+        "info": {"title": "agl trainer server", "version": "1",
+                 "description": "Task queue, rollouts, model version and the token-recording OpenAI-compatible "
+                                "gateway, on one port. Errors have the OpenAI shape; error.param names the field."},
+        "paths": _paths(),
+        "components": {"schemas": schemas,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                                      "description": "Needed when the server has a token."}}},
+        "security": [{"bearer": []}],
+    }
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document of the server and its gateway (a fresh copy each call)."""
+    doc: dict[str, Any] = json.loads(_document())
+    return doc
+
+
+def openapi_json() -> bytes:
+    """The document as the bytes ``GET /openapi.json`` answers (built once)."""
+    return _document().encode()
