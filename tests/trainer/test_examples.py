@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agl_core.testing import FakeOpenAI
+from agl_core.worker import TaskClient, Worker
 from agl_trainer.config import ConfigError, load_config, load_tasks
+
+from .conftest import ServerFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ["sql_agent", "rag_agent", "calc_agent", "crewai_agent", "openai_client_agent"]
@@ -54,3 +59,64 @@ def test_without_the_root_on_the_path_the_error_says_so(model_dir: Path, monkeyp
         monkeypatch.delitem(sys.modules, module)
     with pytest.raises(ConfigError, match="no module 'examples.sql_agent.agent' to import .*PYTHONPATH"):
         load_config(ROOT / "examples" / "sql_agent" / "train.yaml", [f"backend.model={model_dir}"])
+
+
+# --------------------------------------------------------------------------- through agl's gateway, as in training
+
+
+@pytest.fixture
+def gateway_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers point OPENAI_* at the gateway; keep that inside the test."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "unset")
+
+
+def _run(url: str, spec: str, tasks: list[dict[str, Any]]) -> Worker:
+    TaskClient(url).enqueue(tasks, task_ids=[t["id"] for t in tasks])
+    worker = Worker(url, spec, concurrency=2, idle_exit_s=0.5, poll_s=0.2, instrument=False)
+    worker.run()
+    return worker
+
+
+def test_the_plain_client_example_through_the_gateway(gateway_env: None, make_server: ServerFactory) -> None:
+    """``agl worker --agent examples.openai_client_agent.agent:rollout``: the gateway's token ids, the rewards."""
+    from examples.openai_client_agent import agent as atlas
+
+    with FakeOpenAI(atlas.fake_policy) as backend:  # the vLLM-like server behind the gateway
+        srv = make_server(backend, builder=atlas.BUILDER)
+        tasks = atlas.TASKS[:3]
+        worker = _run(srv.url, "examples.openai_client_agent.agent:rollout", tasks)
+    assert worker.stats.posted == 3 and worker.stats.agent_errors == 0
+    for task in tasks:
+        (traj,) = srv.server.store.trajectories(task_id=task["id"])
+        assert traj.reward == 1.0 and len(traj.transitions) >= 2
+        assert {t.token_source for t in traj.transitions} == {"gateway"}
+        assert all(t.prompt_token_ids and t.response_token_ids and t.response_logprobs for t in traj.transitions)
+
+
+def test_the_sql_example_through_the_gateway_trains_writer_and_rewriter(gateway_env: None,
+                                                                        make_server: ServerFactory) -> None:
+    """The text-to-SQL agent under ``agl serve --agent-match 'writer|rewriter'``: only those calls are transitions."""
+    from examples.sql_agent import agent as sql_agent
+
+    from agl_langchain import LangChainInstrumentor
+
+    plugin = LangChainInstrumentor()
+    plugin.instrument(skip_dep_check=True)
+    try:
+        with FakeOpenAI(sql_agent.fake_policy) as backend:
+            srv = make_server(backend, builder=sql_agent.BUILDER)
+            tasks = sql_agent.TASKS[:3]
+            worker = _run(srv.url, "examples.sql_agent.agent:rollout", tasks)
+    finally:
+        plugin.uninstrument()
+        sql_agent._graphs.clear()
+    assert worker.stats.posted == 3 and worker.stats.agent_errors == 0
+    first, *rest = [srv.server.store.trajectories(task_id=t["id"])[0] for t in tasks]
+    # the fake policy's writer gets sql-01 right at once; for the others it drafts a broken query that is rewritten
+    assert [t.agent_name for t in first.transitions] == ["writer"] and first.reward == 1.0
+    for traj in rest:
+        assert [t.agent_name for t in traj.transitions] == ["writer", "rewriter"] and traj.reward == 1.0
+        assert [t.reward for t in traj.transitions] == [sql_agent.SQL_ERROR_REWARD, None]
+        assert {t.token_source for t in traj.transitions} == {"gateway"}
+        assert [s.reason for s in traj.skipped] == ["agent 'checker' does not match agent_match 'writer|rewriter'"] * 2
