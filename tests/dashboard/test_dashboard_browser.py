@@ -141,3 +141,33 @@ def test_token_from_the_address_once_then_from_the_tab(filled_with_token: Filled
         expect(other.locator("#rollouts tbody tr[data-rollout-id]")).to_have_count(6)
     finally:
         other.close()
+
+
+def test_markup_in_stored_data_is_shown_as_text(tmp_path: Any, page: Any) -> None:
+    """Task ids, tool results and messages come from agents and models: the page never runs them as markup."""
+    import agl_core as agl
+    from agl_core.testing import FakeOpenAI
+    from agl_trainer.gateway import OpenAIBackend
+    from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
+
+    evil = '<img src=x onerror="document.body.dataset.pwned=1">'
+    with FakeOpenAI(script=[evil]) as fake:
+        server = TrainerServer(ServerConfig(db_path=str(tmp_path / "agl.db"), port=0), OpenAIBackend(fake.url))
+        with ServerThread(server) as thread:
+            import openai
+
+            client = openai.OpenAI(base_url=thread.url + "/v1", api_key="unused", max_retries=0)
+            with agl.rollout(task_id=evil, store=agl.HttpStore(thread.url)):
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": evil}])
+                agl.emit_reward(1.0)
+            server.record_metrics(0, {evil: 1.0})
+            page.goto(thread.url + "/")
+            expect(page.locator("#rollouts td.task")).to_have_text(evil)
+            page.locator("#rollouts tbody tr[data-rollout-id]").click()
+            page.locator("#tree .node.k-llm").click()
+            expect(page.locator("#span-detail .msg.user")).to_contain_text(evil)
+            expect(page.locator("#span-detail .msg.assistant")).to_contain_text(evil)
+            expect(page.locator("#curves svg.curve")).to_have_count(1)
+            assert page.locator("img").count() == 0
+            assert page.evaluate("document.body.dataset.pwned") is None
+            _only_this_server(page, thread.url)
