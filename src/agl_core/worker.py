@@ -273,6 +273,8 @@ class Worker:
         self._hurry = threading.Event()
         self._leases_given = 0
         self._last_work = time.monotonic()
+        self.fatal: ServerError | None = None
+        """Why the worker stopped by itself (the server refused its token), raised by :meth:`run`."""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ control
@@ -293,7 +295,10 @@ class Worker:
             self._stopping.set()
 
     def run(self) -> WorkerStats:
-        """Work until stopped (signal, :meth:`stop`, ``max_tasks`` or ``idle_exit_s``); return the stats."""
+        """Work until stopped (signal, :meth:`stop`, ``max_tasks`` or ``idle_exit_s``); return the stats.
+
+        Raises :class:`ServerError` when the server refuses the worker's token (401 or 403).
+        """
         restore: list[tuple[signal.Signals, Any]] = []
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -318,6 +323,10 @@ class Worker:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop = None
+        if self.fatal is not None:
+            raise ServerError(self.fatal.status, f"the agl server at {self.url} refused this worker: "
+                                                 f"{self.fatal.message}; pass the server's token (--token or "
+                                                 f"AGL_TOKEN)", self.fatal.param)
         return self.stats
 
     def _drain(self, slots: list[threading.Thread]) -> None:
@@ -358,6 +367,11 @@ class Worker:
             except AglError as exc:
                 with self._lock:
                     self._leases_given -= 1
+                if isinstance(exc, ServerError) and exc.status in (401, 403):
+                    # no retry mends a missing or wrong token: stop, and say so from run()
+                    self.fatal = exc
+                    self._stopping.set()
+                    return
                 logger.warning("agl worker: leasing failed (%s); retrying", exc)
                 self._stopping.wait(1.0)
                 continue
@@ -589,7 +603,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agl worker: {exc}", file=sys.stderr)
         return 2
     print(f"agl worker: {worker.worker_id} working for {worker.url} with {args.concurrency} slot(s)", flush=True)
-    stats = worker.run()
+    try:
+        stats = worker.run()
+    except ServerError as exc:
+        print(f"agl worker: {exc}", file=sys.stderr)
+        return 2
     print(f"agl worker: done: {stats}", flush=True)
     return 0
 

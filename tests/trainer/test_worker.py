@@ -255,3 +255,133 @@ def test_a_lease_that_really_expired_is_reported_lost_once(fake: FakeOpenAI, mak
     assert any("was lost" in r.getMessage() for r in caplog.records), caplog.text
     assert tasks.task("e")["state"] == "failed"
     assert srv.server.store.rollouts(task_id="e") == []
+
+
+# ---------------------------------------------------------------------- tokens, and a backend that fails
+
+
+@pytest.mark.parametrize(("token", "problem"), [(None, "needs a bearer token"), ("nope", "token is wrong")])
+def test_a_worker_without_the_right_token_stops_with_the_reason(fake: FakeOpenAI, make_server: ServerFactory,
+                                                               token: str | None, problem: str) -> None:
+    from agl_core.store.http import ServerError
+
+    srv = make_server(fake, token="tok")
+    tasks = TaskClient(srv.url, "tok")
+    tasks.enqueue(QUESTIONS[:2])
+    worker = Worker(srv.url, agents.solve, token=token, concurrency=2, poll_s=0.2, instrument=False)
+    start = time.monotonic()
+    with pytest.raises(ServerError, match=problem) as err:
+        worker.run()
+    assert err.value.status == 401 and "--token" in str(err.value)
+    assert time.monotonic() - start < 10  # not retried forever
+    assert tasks.counts() == {"queued": 2, "leased": 0, "done": 0, "failed": 0}  # nothing taken, nothing lost
+    assert fake.requests == []
+
+
+def test_worker_command_with_a_wrong_token_exits_2(fake: FakeOpenAI, make_server: ServerFactory,
+                                                   subprocess_env: dict[str, str]) -> None:
+    srv = make_server(fake, token="tok")
+    done = subprocess.run([PYTHON, "-m", "agl_core.worker", "--server", srv.url, "--agent",
+                           "trainer_test_agents:solve", "--token", "nope", "--poll", "0.2"],
+                          env=subprocess_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "the bearer token is wrong" in done.stderr, done.stderr
+
+
+def test_a_rollout_posted_with_a_wrong_token_leaves_the_agent_alone(fake: FakeOpenAI,
+                                                                    make_server: ServerFactory) -> None:
+    import agl_core as agl
+    from agl_core.store.http import ServerError
+
+    srv = make_server(fake, token="tok")
+    with agl.rollout(task_id="t", store=agl.HttpStore(srv.url, "nope")) as run:
+        agl.emit_reward(1.0)  # the agent's own work goes on; the store's refusal is reported, not raised
+    assert isinstance(run.store_error, ServerError) and run.store_error.status == 401
+    assert srv.server.store.rollouts() == []
+
+
+def _dead_backend() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+@pytest.mark.parametrize("failure", ["timeout", "unreachable"])
+def test_a_backend_that_times_out_or_is_down_fails_the_rollout_with_the_reason(make_server: ServerFactory,
+                                                                               failure: str) -> None:
+    from agl_trainer.gateway import GatewayConfig, OpenAIBackend
+
+    def slow(body: dict[str, Any]) -> str:
+        time.sleep(1.5)
+        return "late"
+
+    with FakeOpenAI(script=slow) as fake:
+        backend = OpenAIBackend(fake.url, timeout_s=0.3) if failure == "timeout" else OpenAIBackend(_dead_backend())
+        srv = make_server(backend, gateway=GatewayConfig(served_model="policy"))
+        tasks = TaskClient(srv.url)
+        tasks.enqueue(QUESTIONS[:1])
+        worker = _run_worker(srv.url, agents.solve, concurrency=1)
+    _assert_failed_with(srv, tasks, worker, "did not answer within 0.3 s" if failure == "timeout"
+                        else "could not be reached")
+
+
+def test_a_backend_that_dies_mid_stream_fails_the_rollout_with_the_reason(make_server: ServerFactory) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from agl_trainer.gateway import GatewayConfig, OpenAIBackend
+
+    class Dying(BaseHTTPRequestHandler):
+        """Streams one chunk of an answer, then drops the connection (an engine that crashed)."""
+
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            data = b'data: {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "policy", ' \
+                   b'"prompt_token_ids": [1], "choices": [{"index": 0, "delta": {"content": "Hel"}, ' \
+                   b'"token_ids": [5], "finish_reason": null}]}\n\n'
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+    def streaming_agent(task: dict[str, Any]) -> float:
+        import openai
+
+        client = openai.OpenAI(max_retries=0)
+        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["q"]}],
+                                                stream=True)
+        return float(bool("".join(c.choices[0].delta.content or "" for c in stream if c.choices)))
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Dying)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        srv = make_server(OpenAIBackend(f"http://127.0.0.1:{server.server_address[1]}/v1"),
+                          gateway=GatewayConfig(served_model="policy"))
+        tasks = TaskClient(srv.url)
+        tasks.enqueue(QUESTIONS[:1])
+        worker = _run_worker(srv.url, streaming_agent, concurrency=1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    _assert_failed_with(srv, tasks, worker, "closed the connection mid-response", skipped=False)
+    assert len(srv.server.records) == 0  # the broken call left no half record
+    for t in srv.server.store.transitions():  # what the client saw before the break, never gateway ids
+        assert t.token_source != "gateway"
+
+
+def _assert_failed_with(srv: Any, tasks: TaskClient, worker: Worker, reason: str, skipped: bool = True) -> None:
+    assert worker.stats.agent_errors == 1 and worker.stats.posted == 1
+    (rollout,) = srv.server.store.rollouts()
+    assert rollout.status == "failed" and reason in (rollout.error or ""), rollout.error
+    assert tasks.task("q0")["state"] == "done"  # the attempt ended, failed with its reason
+    if skipped:
+        (traj,) = srv.server.store.trajectories()
+        assert traj.transitions == [] and "the call failed" in traj.skipped[-1].reason
