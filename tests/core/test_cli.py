@@ -226,7 +226,7 @@ def test_traces_show_draws_the_tree(filled: Filled) -> None:
     out = agl_cli("traces", "show", "--db", str(filled.db), rollout_id[:8]).stdout  # a unique prefix is enough
     lines = out.splitlines()
     assert lines[0].startswith(f"rollout {rollout_id}  task apples-0  attempt 1  succeeded  reward 1  ")
-    assert lines[0].endswith("(12 spans: 5 LLM, 3 tool; 5 transitions)"), lines[0]
+    assert lines[0].endswith("(12 spans: 5 LLM calls, 3 tool calls; 5 transitions)"), lines[0]
     body = [re.sub(r"\s+\d+(\.\d+)? (ms|µs|s)\b", " T", line) for line in lines[1:]]  # durations vary
     tokens = [t for t in filled.store.transitions(rollout_id=rollout_id)]
     assert body == [
@@ -260,6 +260,23 @@ def test_traces_show_errors_are_red(filled: Filled) -> None:
     first, second = crashed.splitlines()[:2]
     assert "\x1b[1;31mfailed\x1b[0m" in first
     assert "\x1b[1;31merror: RuntimeError: the environment crashed\x1b[0m" in second, second
+
+
+def test_traces_show_says_why_a_call_was_not_trained(tmp_path: Path) -> None:
+    db = tmp_path / "match.db"
+    builder = agl.TransitionBuilder(agent_match="solver")
+    agl.instrument(["openai"])
+    try:
+        with agl.SqliteStore(db) as store, FakeOpenAI(_model, return_token_ids=True) as srv:
+            client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0)
+            with agl.rollout(task_id="match", store=store, builder=builder) as run:
+                _agent(client, "planner", "How much are 4 apples?")
+    finally:
+        agl.uninstrument()
+    out = agl_cli("traces", "show", "--db", str(db), run.id).stdout
+    planned = [line for line in out.splitlines() if "LLM chat" in line]
+    assert len(planned) == 2 and all(line.endswith("not trained: agent 'planner' does not match agent_match "
+                                                   "'solver'") for line in planned), out
 
 
 # ---------------------------------------------------------------------- export

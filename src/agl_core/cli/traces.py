@@ -27,7 +27,7 @@ from rich.tree import Tree
 from agl_core import semconv
 from agl_core.cli.stores import open_store, store_options, where
 from agl_core.errors import AglError
-from agl_core.schema import Rollout, Span, Transition
+from agl_core.schema import Rollout, Skipped, Span, Transition
 
 if TYPE_CHECKING:
     from agl_core.store.base import Store
@@ -93,10 +93,12 @@ def show(rollout_id: str, db: str, server: str | None, token: str | None, full: 
     with open_store(db, server, token) as store:
         try:
             rollout = _find(store, rollout_id, where(db, server))
-            found = store.transitions(rollout_id=rollout.id)
+            stored = store.trajectories(rollout_ids=[rollout.id])
+            found = stored[0].transitions if stored else store.transitions(rollout_id=rollout.id)
+            skipped = stored[0].skipped if stored else []
         except AglError as exc:
             raise click.ClickException(f"cannot read {where(db, server)}: {exc}") from None
-    Console(highlight=False).print(rollout_tree(rollout, found, full=full))
+    Console(highlight=False).print(rollout_tree(rollout, found, skipped, full=full))
 
 
 # ---------------------------------------------------------------------- reading
@@ -136,48 +138,70 @@ def _find(store: Store, rollout_id: str, place: str) -> Rollout:
 # ---------------------------------------------------------------------- the tree
 
 
-def render_rollout(rollout: Rollout, transitions: Sequence[Transition] = (), *, width: int = 120,
-                   full: bool = False) -> str:
+def render_rollout(rollout: Rollout, transitions: Sequence[Transition] = (), skipped: Sequence[Skipped] = (), *,
+                   width: int = 120, full: bool = False) -> str:
     """The tree of :func:`rollout_tree` as plain text (no colour), ``width`` columns wide."""
     console = Console(width=width, record=True, color_system=None, highlight=False, file=io.StringIO())
-    console.print(rollout_tree(rollout, transitions, full=full))
+    console.print(rollout_tree(rollout, transitions, skipped, full=full))
     return console.export_text()
 
 
-def rollout_tree(rollout: Rollout, transitions: Sequence[Transition] = (), *, full: bool = False) -> Tree:
-    """A rich ``Tree`` of one rollout: spans nested by parent, rewards inline, failures red."""
-    spans = sorted(rollout.spans, key=lambda s: (s.start_ns, s.end_ns))
+def rollout_tree(rollout: Rollout, transitions: Sequence[Transition] = (), skipped: Sequence[Skipped] = (), *,
+                 full: bool = False) -> Tree:
+    """A rich ``Tree`` of one rollout: spans nested by parent, rewards inline, failures red.
+
+    One request to a model is one node, however many plugins saw it (a LangChain ``ChatOpenAI``
+    call is also an ``openai`` client call): LLM spans nested in an LLM span are merged into it,
+    as they are merged into one transition.
+    """
+    spans = sorted(rollout.spans, key=_start)
     by_id = {s.span_id: s for s in spans}
     children: dict[str | None, list[Span]] = {}
     for span in spans:
         parent = span.parent_id if span.parent_id in by_id else None
         children.setdefault(parent, []).append(span)
     by_span = {t.span_id: t for t in transitions if t.span_id}
-    tree = Tree(_rollout_label(rollout, transitions), guide_style="dim")
+    left_out = {s.span_id: s.reason for s in skipped}
+    calls = sum(1 for s in spans if _is_llm(s) and not (s.parent_id in by_id and _is_llm(by_id[s.parent_id])))
+    tree = Tree(_rollout_label(rollout, transitions, calls), guide_style="dim")
     if rollout.error:
         tree.add(Text(f"error: {_one_line(rollout.error, full)}", style="bold red"))
-    shown = _Shown()
 
-    def add(node: Tree, parent_id: str | None) -> None:
-        for span in children.get(parent_id, []):
+    def add(node: Tree, level: list[Span]) -> None:
+        for span in level:
             if span.attributes.get(semconv.AGL_SPAN_KIND) == semconv.KIND_ROLLOUT:
-                add(node, span.span_id)  # the rollout's own span is the root already
-                continue
-            label = _span_label(span, by_span.get(span.span_id), full, shown)
-            add(node.add(label), span.span_id)
+                add(node, children.get(span.span_id, []))  # the rollout's own span is the root already
+            elif _is_llm(span):
+                call = _one_request(span, children)
+                found = next((by_span[s.span_id] for s in call if s.span_id in by_span), None)
+                why = next((left_out[s.span_id] for s in call if s.span_id in left_out), None)
+                inner = [c for member in call for c in children.get(member.span_id, []) if not _is_llm(c)]
+                add(node.add(_llm_label(call, found, why, full)), sorted(inner, key=_start))
+            else:
+                add(node.add(_span_label(span, full)), children.get(span.span_id, []))
 
-    add(tree, None)
+    add(tree, children.get(None, []))
     return tree
 
 
-class _Shown:
-    """Transitions already labelled: one request seen by two plugins is one transition, shown once."""
-
-    def __init__(self) -> None:
-        self.indexes: set[int] = set()
+def _start(span: Span) -> tuple[int, int]:
+    return span.start_ns, span.end_ns
 
 
-def _rollout_label(rollout: Rollout, transitions: Sequence[Transition]) -> Text:
+def _is_llm(span: Span) -> bool:
+    return span.attributes.get(semconv.GEN_AI_OPERATION_NAME) in semconv.LLM_OPERATIONS
+
+
+def _one_request(span: Span, children: dict[str | None, list[Span]]) -> list[Span]:
+    """The LLM span and the LLM spans nested in it: one request, seen by several plugins."""
+    call = [span]
+    for child in children.get(span.span_id, []):
+        if _is_llm(child):
+            call.extend(_one_request(child, children))
+    return call
+
+
+def _rollout_label(rollout: Rollout, transitions: Sequence[Transition], calls: int) -> Text:
     label = Text()
     label.append("rollout ", style="bold")
     label.append(rollout.id, style="bold cyan")
@@ -189,33 +213,30 @@ def _rollout_label(rollout: Rollout, transitions: Sequence[Transition]) -> Text:
         label.append(_number(final), style=_reward_style(final))
     if rollout.end_time is not None:
         label.append(f"  {_duration_s(max(0.0, rollout.end_time - rollout.start_time))}", style="dim")
-    llm = sum(1 for s in rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) in semconv.LLM_OPERATIONS)
     tools = sum(1 for s in rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == semconv.OP_EXECUTE_TOOL)
-    label.append(f"  ({len(rollout.spans)} spans: {llm} LLM, {tools} tool; {len(transitions)} transitions)",
-                 style="dim")
+    label.append(f"  ({len(rollout.spans)} spans: {calls} LLM calls, {tools} tool calls; {len(transitions)} "
+                 "transitions)", style="dim")
     return label
 
 
-def _span_label(span: Span, transition: Transition | None, full: bool, shown: _Shown) -> Text:
+def _span_label(span: Span, full: bool) -> Text:
     attrs = span.attributes
     operation = attrs.get(semconv.GEN_AI_OPERATION_NAME)
     kind = attrs.get(semconv.AGL_SPAN_KIND)
-    if operation in semconv.LLM_OPERATIONS:
-        label = _llm_label(span, transition, full, shown)
-    elif operation == semconv.OP_EXECUTE_TOOL:
-        label = _tool_label(span, full)
-    elif operation == semconv.OP_INVOKE_AGENT or (attrs.get(semconv.GEN_AI_AGENT_NAME) and not kind):
+    if operation == semconv.OP_EXECUTE_TOOL:
+        return _tool_label(span, full)
+    if operation == semconv.OP_INVOKE_AGENT or (attrs.get(semconv.GEN_AI_AGENT_NAME) and not kind):
         label = Text()
         label.append("agent ", style="bold blue")
         label.append(str(attrs.get(semconv.GEN_AI_AGENT_NAME) or span.name), style="bold")
         _append_duration(label, span)
     elif kind == semconv.KIND_REWARD:
         value = attrs.get(semconv.AGL_REWARD_VALUE)
+        number = float(value) if isinstance(value, (int, float)) else None
         name = attrs.get(semconv.AGL_REWARD_NAME)
         label = Text()
         label.append("reward ", style="bold green")
-        label.append(_number(value) if isinstance(value, (int, float)) else "?",
-                     style=_reward_style(value if isinstance(value, (int, float)) else 0.0))
+        label.append(_number(number), style=_reward_style(number or 0.0))
         label.append(f"  {name}" if name else "  (final)", style="dim")
     elif kind == semconv.KIND_MESSAGE:
         label = Text("message ", style="bold")
@@ -226,35 +247,44 @@ def _span_label(span: Span, transition: Transition | None, full: bool, shown: _S
     elif kind == semconv.KIND_EXCEPTION:
         label = Text("exception ", style="bold red")
         label.append(_one_line(span.status_message or attrs.get(semconv.ERROR_TYPE) or span.name, full), style="red")
+        return label
     else:
         label = Text(span.name, style="bold")
         _append_duration(label, span)
-    if span.status == "error" and operation != semconv.OP_EXECUTE_TOOL and kind != semconv.KIND_EXCEPTION:
-        label.stylize("red")
-        label.append(f"  error: {_one_line(span.status_message or attrs.get(semconv.ERROR_TYPE) or 'error', full)}",
-                     style="bold red")
+    _mark_error(label, span, full)
     return label
 
 
-def _llm_label(span: Span, transition: Transition | None, full: bool, shown: _Shown) -> Text:
-    attrs = span.attributes
-    model = attrs.get(semconv.GEN_AI_RESPONSE_MODEL) or attrs.get(semconv.GEN_AI_REQUEST_MODEL)
+def _mark_error(label: Text, span: Span, full: bool) -> None:
+    if span.status == "error":
+        label.stylize("red")
+        why = span.status_message or span.attributes.get(semconv.ERROR_TYPE) or "error"
+        label.append(f"  error: {_one_line(why, full)}", style="bold red")
+
+
+def _llm_label(call: list[Span], transition: Transition | None, skipped: str | None, full: bool) -> Text:
+    """One model request (its spans, outermost first): model, plugins, tokens, time, answer, transition."""
+    span = call[0]
+
+    def first(key: str) -> Any:
+        return next((s.attributes[key] for s in call if s.attributes.get(key) is not None), None)
+
+    model = first(semconv.GEN_AI_RESPONSE_MODEL) or first(semconv.GEN_AI_REQUEST_MODEL)
     label = Text()
     label.append("LLM ", style="bold magenta")
-    label.append(f"{attrs.get(semconv.GEN_AI_OPERATION_NAME)} {model or ''}".rstrip())
-    plugin = attrs.get(semconv.AGL_PLUGIN)
-    if plugin:
-        label.append(f" [{plugin}]", style="dim")
-    tokens_in, tokens_out = attrs.get(semconv.GEN_AI_USAGE_INPUT_TOKENS), attrs.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)
+    label.append(f"{span.attributes.get(semconv.GEN_AI_OPERATION_NAME)} {model or ''}".rstrip())
+    plugins = [str(s.attributes[semconv.AGL_PLUGIN]) for s in call if s.attributes.get(semconv.AGL_PLUGIN)]
+    if plugins:
+        label.append(f" [{'+'.join(dict.fromkeys(plugins))}]", style="dim")
+    tokens_in, tokens_out = first(semconv.GEN_AI_USAGE_INPUT_TOKENS), first(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)
     if tokens_in is not None or tokens_out is not None:
         label.append(f"  {_count(tokens_in)} in / {_count(tokens_out)} out tokens")
     _append_duration(label, span)
-    answer = _llm_answer(attrs, full)
+    answer = _llm_answer(first(semconv.GEN_AI_OUTPUT_MESSAGES), full)
     if answer:
         label.append("  → ", style="dim")
         label.append(answer, style="italic")
-    if transition is not None and transition.index not in shown.indexes:
-        shown.indexes.add(transition.index)
+    if transition is not None:
         label.append(f"  transition #{transition.index}", style="cyan")
         if transition.token_source:
             label.append(f" ({transition.token_source} ids)", style="dim")
@@ -264,12 +294,16 @@ def _llm_label(span: Span, transition: Transition | None, full: bool, shown: _Sh
         if transition.credited_reward is not None:
             label.append("  credited ")
             label.append(_number(transition.credited_reward), style=_reward_style(transition.credited_reward))
+    elif skipped is not None:
+        label.append(f"  not trained: {_one_line(skipped, full)}", style="dim")
+    failed = next((s for s in call if s.status == "error"), None)
+    if failed is not None:
+        _mark_error(label, failed, full)
     return label
 
 
-def _llm_answer(attrs: dict[str, Any], full: bool) -> str:
-    """What the model said: its tool calls as ``name(args)``, else its text."""
-    raw = attrs.get(semconv.GEN_AI_OUTPUT_MESSAGES)
+def _llm_answer(raw: Any, full: bool) -> str:
+    """What the model said (``gen_ai.output.messages``): its tool calls as ``name(args)``, else its text."""
     if raw is None:
         return ""
     try:
