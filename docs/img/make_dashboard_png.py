@@ -10,6 +10,8 @@ gateway), one rollout open with a span selected, and the training curves.
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -47,11 +49,17 @@ def dashboard_png(out: Path) -> None:
 
 
 def svg_png(svg: Path, out: Path) -> None:
-    """An SVG as chromium draws it, cropped to the picture."""
-    with chromium.browser_context(viewport={"width": 1400, "height": 900}, device_scale_factor=1) as ctx:
+    """An SVG as chromium draws it, cropped to the picture; its web fonts are refused (local fonts only)."""
+    box = re.search(r'viewBox="([-\d.]+)[ ,]+([-\d.]+)[ ,]+([\d.]+)[ ,]+([\d.]+)"', svg.read_text())
+    if box is None:
+        raise SystemExit(f"{svg} has no viewBox: cannot size the picture")
+    width, height = math.ceil(float(box[3])), math.ceil(float(box[4]))
+    # the page is exactly the picture: an SVG without width and height fills the viewport
+    with chromium.browser_context(viewport={"width": width, "height": height}, device_scale_factor=1) as ctx:
+        ctx.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else route.abort())
         page = ctx.new_page()
         page.goto(svg.as_uri())
-        page.locator("svg").first.screenshot(path=str(out))
+        page.screenshot(path=str(out))
 
 
 def main() -> int:
