@@ -257,3 +257,54 @@ def test_cli_server_restart(fake: FakeOpenAI, tmp_path: Path, subprocess_env: di
     bad = subprocess.run([PYTHON, "-m", "agl_trainer", "--db", str(db), "--host", "0.0.0.0", "--backend", fake.url],
                          capture_output=True, text=True, env={**subprocess_env, "AGL_TOKEN": ""}, timeout=60)
     assert bad.returncode == 2 and "without a bearer token" in bad.stderr
+
+
+def test_server_killed_with_sigkill_keeps_finished_rollouts_queue_and_leases(fake: FakeOpenAI, tmp_path: Path,
+                                                                            subprocess_env: dict[str, str]) -> None:
+    """A crash, not a shutdown: what was answered and stored before ``kill -9`` is there after the restart."""
+    db = tmp_path / "crash.db"
+
+    def start() -> tuple[subprocess.Popen[str], str]:
+        proc = subprocess.Popen([PYTHON, "-m", "agl_trainer", "--db", str(db), "--port", "0", "--backend", fake.url,
+                                 "--model", "policy", "--lease-timeout", "30"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("agl serve: listening on "), (line, proc.stderr.read() if proc.stderr else "")
+        return proc, line.split()[-1]
+
+    proc, url = start()
+    try:
+        tasks = TaskClient(url)
+        tasks.enqueue([{"id": "done"}, {"id": "pending"}, {"id": "queued"}])
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        store = agl.HttpStore(url)
+        first = tasks.lease("w")
+        assert first is not None and first.task_id == "done"
+        with agl.rollout(task_id="done", attempt=1) as finished:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
+        store.post_rollout(finished.rollout, lease_id=first.lease_id)
+        second = tasks.lease("w")
+        assert second is not None and second.task_id == "pending"
+        with agl.rollout(task_id="pending", attempt=1) as pending:  # answered now, posted after the crash
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "two"}])
+        time.sleep(1.0)  # the gateway writes its token records to the file every quarter second
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=20)
+    proc, url = start()
+    try:
+        store = agl.HttpStore(url)
+        tasks = TaskClient(url)
+        assert tasks.counts() == {"queued": 1, "leased": 1, "done": 1, "failed": 0}
+        (t,) = store.transitions(rollout_id=finished.id)
+        assert t.token_source == "gateway" and t.response_token_ids == tokenize("one")
+        assert tasks.task("done")["rollout_id"] == finished.id
+        summary = store.post_rollout(pending.rollout, lease_id=second.lease_id)  # the lease outlived the crash
+        assert summary["token_sources"] == {"gateway": 1}
+        assert [r.task_id for r in store.rollouts()] == ["done", "pending"]
+        lease = tasks.lease("w2")
+        assert lease is not None and (lease.task_id, lease.attempt) == ("queued", 1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
