@@ -388,7 +388,8 @@ def test_doctor_reports_plugins_with_instruments_reasons() -> None:
     assert report["packages"]["openai"] == openai.__version__
     assert report["provider"]["user_sdk"] is False and report["capture"]["content"] is True
     text = agl_cli("doctor").stdout
-    assert re.search(r"│ openai\s+│ \S+ \S+\s+│ openai >= 1.40\s+│ would activate\s+│", text), text
+    version = re.escape(openai.__version__)
+    assert re.search(rf"│ openai\s+│ \S+ \S+\s+│ openai >= 1.40 \({version}\)\s+│ would activate\s+│", text), text
     assert "agl's own light tracer" in text and "message content on" in text
     assert "gateway not checked: no --server given and OPENAI_BASE_URL is not set" in text
 

@@ -252,8 +252,8 @@ def _print(report: dict[str, Any]) -> None:
         status = f"[{styles.get(p['status'], '')}]{p['status']}[/]"
         if p["reason"]:
             status += f": {escape(p['reason'])}"
-        table.add_row(p["name"], escape(p["distribution"] or "-"), escape(", ".join(p["requirements"]) or "-"),
-                      status)
+        needs = [f"{r} ({report['packages'].get(_requirement_name(r)) or 'not installed'})" for r in p["requirements"]]
+        table.add_row(p["name"], escape(p["distribution"] or "-"), escape(", ".join(needs) or "-"), status)
     if not report["plugins"]:
         table.add_row("-", "-", "-", "[red]no agl plugin is installed[/]")
     console.print(table)

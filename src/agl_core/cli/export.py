@@ -76,9 +76,8 @@ def export(out: str, fmt: str, db: str, server: str | None, token: str | None, t
         try:
             datasets = import_module("datasets")
         except ImportError:
-            raise click.UsageError("--format hf needs the Hugging Face datasets package: pip install datasets "
-                                   "(or agl-core[hf])") \
-                from None
+            message = "--format hf needs the Hugging Face datasets package: pip install datasets (or agl-core[hf])"
+            raise click.UsageError(message) from None
     with open_store(db, server, token) as store:
         try:
             rollouts = store.rollouts(task_id=task_id, status=list(status) or None)
