@@ -308,3 +308,21 @@ def test_server_killed_with_sigkill_keeps_finished_rollouts_queue_and_leases(fak
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_a_rollout_posted_again_keeps_the_token_ids_joined_the_first_time(make_server: ServerFactory) -> None:
+    with FakeOpenAI(script=SCRIPT * 2) as fake:
+        srv = make_server(fake)
+        store = agl.HttpStore(srv.url)
+        run = _agent_run(srv.url, store, task_id="again")  # posted once by the rollout context
+        assert [t.token_source for t in store.transitions(rollout_id=run.id)] == ["gateway", "gateway"]
+        tasks = TaskClient(srv.url)
+        tasks.enqueue([{"id": "again"}])
+        lease = tasks.lease("w")
+        assert lease is not None
+        store.post_rollout(run.rollout)  # a retry whose first answer was lost: the records are gone by now
+        summary = store.post_rollout(run.rollout, lease_id=lease.lease_id)  # and once more, with a lease
+        assert summary["token_sources"] == {"gateway": 2}
+        again = store.transitions(rollout_id=run.id)
+        assert [t.token_source for t in again] == ["gateway", "gateway"]
+        assert again[1].response_token_ids == tokenize("It is Paris.") and again[1].response_logprobs

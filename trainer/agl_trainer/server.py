@@ -64,7 +64,7 @@ from agl_trainer.dashboard import Dashboard
 from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
-from agl_trainer.token_records import TokenRecords
+from agl_trainer.token_records import TokenRecords, keep_joined
 
 __all__ = ["ServerConfig", "ServerThread", "TrainerServer", "check_bind", "serve"]
 
@@ -488,6 +488,8 @@ class TrainerServer:
                         "status": rollout.status, "already_stored": True,
                         "transitions": len(self.store.transitions(rollout_id=rollout.id))}
         rollout.spans, keys = self.records.join(rollout.spans)
+        if len(keys) < len(rollout.spans) and self.store.get_rollout(rollout.id, with_spans=False) is not None:
+            rollout.spans = keep_joined(rollout.spans, self.store.spans(rollout.id))  # posted again
         if lease_id is None:
             trajectory = self.builder.build(rollout)
             self.store.put_rollout(rollout, trajectory)

@@ -32,7 +32,7 @@ from typing import Any
 from agl_core import semconv
 from agl_core.schema import Span
 
-__all__ = ["MODEL_VERSION_ATTRIBUTE", "TokenRecord", "TokenRecords", "parse_traceparent"]
+__all__ = ["MODEL_VERSION_ATTRIBUTE", "TokenRecord", "TokenRecords", "keep_joined", "parse_traceparent"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -248,3 +248,33 @@ def _patched(span: Span, record: TokenRecord) -> Span:
     attrs[semconv.AGL_TOKEN_SOURCE] = "gateway"
     attrs[MODEL_VERSION_ATTRIBUTE] = record.model_version
     return replace(span, attributes=attrs)
+
+
+_JOINED = (semconv.AGL_PROMPT_TOKEN_IDS, semconv.AGL_RESPONSE_TOKEN_IDS, semconv.AGL_RESPONSE_LOGPROBS,
+           semconv.AGL_TOKEN_SOURCE, MODEL_VERSION_ATTRIBUTE)
+
+
+def keep_joined(spans: Sequence[Span], stored: Sequence[Span]) -> list[Span]:
+    """``spans`` with the gateway's ids that ``stored``, an earlier post of the same rollout, already had.
+
+    Records are dropped once joined, so a rollout posted again (a retry whose first answer was
+    lost, or the same rollout posted with and without its lease) finds none; without this its
+    spans would replace the stored ones without their ids.
+    """
+    joined = {(s.trace_id, s.span_id): s for s in stored if s.attributes.get(semconv.AGL_TOKEN_SOURCE) == "gateway"}
+    if not joined:
+        return list(spans)
+    out = []
+    for span in spans:
+        old = joined.get((span.trace_id, span.span_id))
+        if old is None or span.attributes.get(semconv.AGL_TOKEN_SOURCE) == "gateway":
+            out.append(span)
+            continue
+        attrs = dict(span.attributes)
+        for name in _JOINED:
+            if name in old.attributes:
+                attrs[name] = old.attributes[name]
+            else:
+                attrs.pop(name, None)
+        out.append(replace(span, attributes=attrs))
+    return out
