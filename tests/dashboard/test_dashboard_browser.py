@@ -56,6 +56,14 @@ def test_lists_rollouts_opens_a_tree_and_draws_curves(filled: Filled, page: Any)
     expect(solver_item.locator(".node.k-llm")).to_have_count(2)
     expect(solver_item.locator(".node.k-tool")).to_have_count(1)
 
+    # each LLM call with its tokens, output and transition (all three are trained: no agent_match)
+    llm = tree.locator(".node.k-llm")
+    expect(llm.locator(".transition")).to_have_text(["transition #0", "transition #1", "transition #2"])
+    expect(llm.nth(0).locator(".out")).to_contain_text("→ calculator(")
+    expect(llm.nth(0).locator(".tokens")).to_have_text(re.compile(r"^\d+ in / \d+ out tokens$"))
+    expect(llm.nth(2).locator(".out")).to_have_text('→ "Checked: looks right."')
+    expect(llm.locator(".credited")).to_have_text(["credited 0"] * 3)
+
     # a span's attributes and messages on click
     tool.click()
     detail = page.locator("#span-detail")

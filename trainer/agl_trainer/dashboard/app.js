@@ -227,18 +227,74 @@ function renderNode(node, rollout) {
     el("span", { class: "label", text: spanLabel(s) }),
     reward !== null && reward !== undefined ? el("span", { class: "reward", text: "reward " + fmtNumber(reward) }) : null,
     el("span", { class: "dur", text: fmtDuration(s.end_ns - s.start_ns) }),
+    ...callSummary(s, kind, rollout),
     error ? el("span", { class: "errmsg", title: error, text: error }) : null);
   const item = el("li", {}, line);
   if (node.children.length) item.append(el("ul", {}, ...node.children.map((c) => renderNode(c, rollout))));
   return item;
 }
 
+function preview(text, limit = 60) {
+  const flat = String(text).replace(/\s+/g, " ").trim();
+  return flat.length > limit ? flat.slice(0, limit - 1) + "…" : flat;
+}
+
+function outputPreview(a) {
+  const out = parseJson(a["gen_ai.output.messages"]);
+  const parts = Array.isArray(out) && out.length && Array.isArray(out[0].parts) ? out[0].parts : [];
+  const calls = parts.filter((p) => p && p.type === "tool_call")
+    .map((p) => `${p.name}(${typeof p.arguments === "string" ? p.arguments : JSON.stringify(p.arguments ?? {})})`);
+  if (calls.length) return calls.join(", ");
+  const text = parts.filter((p) => p && p.type === "text").map((p) => p.content).join(" ");
+  return text ? JSON.stringify(text) : null;
+}
+
+// What the page knows about an LLM or tool call beyond its span: tokens, output, its transition and rewards.
+function callSummary(s, kind, rollout) {
+  const a = attrs(s);
+  const bits = [];
+  if (kind === "llm") {
+    const tin = a["gen_ai.usage.input_tokens"], tout = a["gen_ai.usage.output_tokens"];
+    if (tin !== undefined || tout !== undefined) {
+      bits.push(el("span", { class: "tokens", text: `${tin ?? "?"} in / ${tout ?? "?"} out tokens` }));
+    }
+    const out = outputPreview(a);
+    if (out) bits.push(el("span", { class: "out", title: out, text: "→ " + preview(out) }));
+    const t = rollout.transitionBySpan.get(s.span_id);
+    if (t) {
+      bits.push(el("span", { class: "transition", text: `transition #${t.index}` }));
+      if (t.reward !== null && t.reward !== undefined) {
+        bits.push(el("span", { class: t.reward < 0 ? "reward neg" : "reward", text: "reward " + fmtNumber(t.reward) }));
+      }
+      if (t.credited_reward !== null && t.credited_reward !== undefined) {
+        bits.push(el("span", { class: "credited", text: "credited " + fmtNumber(t.credited_reward) }));
+      }
+    } else if (rollout.skippedBySpan.has(s.span_id)) {
+      bits.push(el("span", { class: "skipped", text: "not trained: " + rollout.skippedBySpan.get(s.span_id) }));
+    }
+  } else if (kind === "tool") {
+    const args = a["gen_ai.tool.call.arguments"], result = a["gen_ai.tool.call.result"];
+    if (args !== undefined) bits.push(el("span", { class: "args", title: String(args), text: preview(args, 40) }));
+    if (result !== undefined && !spanError(s)) {
+      bits.push(el("span", { class: "out", title: String(result), text: "→ " + preview(result, 40) }));
+    }
+  }
+  return bits;
+}
+
 async function loadDetail() {
-  if (!state.selected) return;
-  const rollout = await api("/v1/rollouts/" + encodeURIComponent(state.selected));
+  const id = state.selected;
+  if (!id) return;
+  const [rollout, trajectories] = await Promise.all([
+    api("/v1/rollouts/" + encodeURIComponent(id)),
+    api("/v1/trajectories?rollout_id=" + encodeURIComponent(id))]);
+  if (state.selected !== id) return;  // another rollout was clicked meanwhile
+  const trajectory = trajectories.trajectories[0] || { transitions: [], skipped: [] };
+  rollout.transitionBySpan = new Map(trajectory.transitions.filter((t) => t.span_id).map((t) => [t.span_id, t]));
+  rollout.skippedBySpan = new Map((trajectory.skipped || []).map((k) => [k.span_id, k.reason]));
   const finals = (rollout.rewards || []).filter((r) => r.name === null || r.name === undefined);
   rollout.final_reward = finals.length ? finals[finals.length - 1].value : null;
-  if (!changed("detail", rollout)) return;
+  if (!changed("detail", [rollout, trajectory])) return;
   document.getElementById("detail-title").textContent =
     `${rollout.task_id} · try ${rollout.attempt} · ${rollout.status}` +
     (rollout.final_reward !== null ? ` · reward ${fmtNumber(rollout.final_reward)}` : "") +
