@@ -125,3 +125,95 @@ def test_the_builder_is_what_train_yaml_gives_the_server() -> None:
     """examples/crewai_agent/train.yaml gives `agl train` these rules (tests/trainer checks it)."""
     assert crew_agent.BUILDER.agent_match is None
     assert crew_agent.BUILDER.air == agl.AirRules(tool_error=-0.3, tool_exception=-0.3)
+
+
+# --------------------------------------------------------------------------- docs/otlp-export.md, over real OTLP/HTTP
+
+
+class _Collector:
+    """A local OTLP/HTTP receiver on 127.0.0.1: keeps each ``POST /v1/traces`` body, answers 200."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.bodies: list[tuple[str, dict[str, str], bytes]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.bodies.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+
+    def spans(self) -> list[Any]:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        out = []
+        for _, _, body in self.bodies:
+            request = ExportTraceServiceRequest.FromString(body)
+            for resource_spans in request.resource_spans:
+                for scope_spans in resource_spans.scope_spans:
+                    out.extend((resource_spans.resource, span) for span in scope_spans.spans)
+        return out
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_crew_exported_over_otlp_http_while_agl_collects(model: Callable[..., FakeOpenAI]) -> None:
+    """The provider and OTLP exporter of docs/otlp-export.md (Langfuse-style auth header), a local receiver."""
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.util._once import Once
+
+    collector = _Collector()
+    saved = (trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE)
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    provider = TracerProvider(resource=Resource.create({"service.name": "order-desk-training"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
+        endpoint=collector.endpoint, headers={"Authorization": "Basic cGstbGY6c2stbGY="})))
+    try:
+        trace.set_tracer_provider(provider)
+        model(lookup("A-1001", "c1"), "Status shipped, delivery 3 December.", RIGHT)
+        with trace.get_tracer("my.trainer").start_as_current_span("training step 1"):
+            assert crew_agent.rollout(TASK) == 1.0
+        assert trace.get_tracer_provider() is provider
+        provider.force_flush()
+    finally:
+        provider.shutdown()
+        trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE = saved
+        collector.stop()
+
+    run = crew_agent.rollout.last_run
+    traj = run.trajectory()
+    assert len(traj.transitions) == 3 and traj.reward == 1.0
+    assert all(path == "/v1/traces" and headers["authorization"] == "Basic cGstbGY6c2stbGY="
+               and headers["content-type"] == "application/x-protobuf" for path, headers, _ in collector.bodies)
+    received = {span.span_id.hex(): (resource, span) for resource, span in collector.spans()}
+    assert {s.span_id for s in run.rollout.spans} <= set(received)  # every span of the rollout went out
+    for t in traj.transitions:
+        resource, span = received[t.span_id]
+        assert span.trace_id.hex() == t.trace_id
+        attrs = {a.key: a.value for a in span.attributes}
+        assert attrs["gen_ai.agent.name"].string_value == t.agent_name
+        assert attrs["agl.rollout.id"].string_value == run.id
+        service = {a.key: a.value.string_value for a in resource.attributes}["service.name"]
+        assert service == "order-desk-training"
+    names = {span.name for _, span in received.values()}
+    assert {"training step 1", "crewai.crew order desk", "execute_tool order_lookup", "agl.reward"} <= names
