@@ -21,32 +21,48 @@ rollout of three calls is three samples there, the per-transition bias that
 :mod:`agl_trainer.advantages` avoids. Use trajectory rows (one row per rollout when the
 agent's calls extend each other) or keep agl's ``advantages``.
 
-**Recipe: verl's trainer on a Ray cluster with agl's gateway in front of its vLLM servers**
-(written for verl 0.9; the GPU path is not yet exercised by agl's tests):
+**The launch path** (``agl train`` with ``backend.name: verl``, :func:`launch`): verl's own
+worker groups (FSDP actor, optional reference) and vLLM replicas on its Ray cluster, set up
+as verl's ``main_ppo`` does, and one training loop in a Ray actor that reads as its stages:
 
-1. Run verl's PPO trainer with async rollout (``actor_rollout_ref.rollout.mode=async``): its
-   vLLM servers are Ray actors with OpenAI-compatible endpoints and return token ids.
-2. ``agl serve --backend http://<vllm-server>/v1 --agent-match <agent regex>`` in front of them:
-   the agents' calls go through the gateway, which records token ids and logprobs per call.
-3. ``agl worker --server <agl server> --agent pkg.mod:solve --ray <ray address> -n <actors>``
-   runs the unchanged agent as Ray actors.
-4. In verl's loop, replace the rollout stage by: enqueue the step's tasks with ``repeat=n``
-   (``agl_core.worker.TaskClient.enqueue``), wait for them, read their trajectories, score them
-   (:func:`agl_trainer.advantages.compute_advantages`), build rows and hand
-   ``to_data_proto(rows)`` to verl's ``compute_log_prob`` / ``compute_advantage`` / ``update_actor``.
-5. After verl syncs the new weights into vLLM, ``POST /v1/model {"version": step}`` so the
-   gateway records which version answered each call.
+1. **serve**: agl's server starts next to verl's rollout replicas, its gateway in front of
+   the first replica's OpenAI-compatible endpoint (it records token ids and logprobs per call);
+2. **roll out**: agl workers (Ray actors) run the unchanged agent against the gateway, one
+   GRPO group of ``data.group_size`` rollouts per task;
+3. **score, rows**: :func:`agl_trainer.advantages.compute_advantages` and
+   :func:`agl_trainer.rows.build_rows`, as with the torch backend;
+4. **DataProto**: :func:`to_data_proto`, padded with loss-free rows to a multiple of verl's
+   mini-batch (:func:`data_proto_fields` ``pad_to_multiple``);
+5. **update**: the replicas sleep, verl recomputes the old logprobs (or, in its bypass mode,
+   takes the gateway's), the reference's with a KL loss, the advantages (agl's, or verl's
+   estimator on ``token_level_rewards``) and updates the actor;
+6. **publish**: verl syncs the new weights into the replicas and wakes them, and agl's server
+   moves its model version on.
+
+:func:`verl_overrides` turns an ``agl train`` config into verl's Hydra overrides and
+:func:`compose_verl_config` composes them with verl's own ``ppo_trainer`` config, so a
+wrong key fails on a laptop, not on the cluster. docs/verl.md is the step-by-step recipe.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agl_trainer.rows import Row
 
-__all__ = ["DataProtoStats", "data_proto_fields", "to_data_proto"]
+if TYPE_CHECKING:
+    from agl_trainer.config import Config
+    from agl_trainer.train_cli import TrainOutcome
+
+__all__ = ["DataProtoStats", "compose_verl_config", "data_proto_fields", "launch", "to_data_proto",
+           "verl_overrides"]
+
+PAD_UID = "agl-pad"
+"""The ``uid`` of the loss-free rows that fill a batch up to verl's mini-batch multiple."""
 
 
 @dataclass
@@ -59,22 +75,33 @@ class DataProtoStats:
     truncated_prompts: int = 0
     truncated_responses: int = 0
     dropped_loss_tokens: int = 0
+    pad_rows: int = 0
+    """Loss-free rows added to reach ``pad_to_multiple`` (verl splits a batch into equal mini-batches)."""
 
 
 def data_proto_fields(rows: Sequence[Row], *, pad_id: int = 0, max_prompt_length: int | None = None,
-                      max_response_length: int | None = None) -> tuple[dict[str, Any], dict[str, Any],
-                                                                        DataProtoStats]:
+                      max_response_length: int | None = None, pad_to_multiple: int | None = None
+                      ) -> tuple[dict[str, Any], dict[str, Any], DataProtoStats]:
     """The tensors and non-tensor arrays of :func:`to_data_proto`, without verl (torch and numpy only).
 
     A prompt longer than ``max_prompt_length`` keeps its last tokens; a response part longer than
     ``max_response_length`` is cut at the end (its loss tokens beyond are counted as dropped).
+    ``pad_to_multiple``: add rows until the batch size is a multiple of it; each is a one-token
+    prompt and response with ``response_mask`` 0 (no loss, no advantage), ``uid`` ``agl-pad-<i>``.
     """
     import numpy as np
     import torch
 
     if not rows:
         raise ValueError("no rows: nothing to put in a DataProto")
-    stats = DataProtoStats(rows=len(rows))
+    if pad_to_multiple is not None and pad_to_multiple < 1:
+        raise ValueError(f"pad_to_multiple must be a positive integer, got {pad_to_multiple!r}")
+    rows = list(rows)
+    pads = (-len(rows)) % pad_to_multiple if pad_to_multiple else 0
+    for i in range(pads):
+        rows.append(Row(rollout_id="", group=f"{PAD_UID}-{i}", input_ids=[pad_id, pad_id], loss_mask=[0, 0],
+                        advantages=[0.0, 0.0], token_weights=[0.0, 0.0], old_logprobs=[0.0, 0.0], prompt_len=1))
+    stats = DataProtoStats(rows=len(rows), pad_rows=pads)
     prompts = [r.input_ids[:r.prompt_len] for r in rows]
     P = max(len(p) for p in prompts)
     R = max(len(r.input_ids) - r.prompt_len for r in rows)
@@ -135,12 +162,272 @@ def data_proto_fields(rows: Sequence[Row], *, pad_id: int = 0, max_prompt_length
 
 
 def to_data_proto(rows: Sequence[Row], *, pad_id: int = 0, max_prompt_length: int | None = None,
-                  max_response_length: int | None = None, meta_info: dict[str, Any] | None = None) -> Any:
+                  max_response_length: int | None = None, meta_info: dict[str, Any] | None = None,
+                  pad_to_multiple: int | None = None) -> Any:
     """verl's ``DataProto`` of ``rows`` (see the module docstring for its keys). Needs ``verl``."""
     from verl import DataProto
 
     tensors, non_tensors, stats = data_proto_fields(rows, pad_id=pad_id, max_prompt_length=max_prompt_length,
-                                                    max_response_length=max_response_length)
+                                                    max_response_length=max_response_length,
+                                                    pad_to_multiple=pad_to_multiple)
     meta = dict(meta_info or {})
     meta["agl"] = dict(stats.__dict__)
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+
+
+# ---------------------------------------------------------------------- verl's config from agl's
+
+
+def verl_overrides(config: Config) -> list[str]:
+    """verl's Hydra overrides (for its ``ppo_trainer`` config) that say what ``config`` says; its own last."""
+    b, v, a = config.backend, config.backend.verl, config.algorithm
+
+    def flag(value: bool) -> str:
+        return "true" if value else "false"
+
+    out = [
+        f"actor_rollout_ref.model.path={b.model}",
+        f"actor_rollout_ref.rollout.name={v.rollout_engine}",
+        "actor_rollout_ref.rollout.mode=async",
+        f"actor_rollout_ref.rollout.n={config.data.group_size}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={v.tensor_parallel_size}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={v.gpu_memory_utilization}",
+        f"actor_rollout_ref.rollout.temperature={a.temperature if a.temperature is not None else 1.0}",
+        f"actor_rollout_ref.actor.optim.lr={a.lr}",
+        f"actor_rollout_ref.actor.optim.weight_decay={a.weight_decay}",
+        f"actor_rollout_ref.actor.clip_ratio_low={a.clip_epsilon}",
+        f"actor_rollout_ref.actor.clip_ratio_high={a.clip_epsilon_high or a.clip_epsilon}",
+        f"actor_rollout_ref.actor.use_kl_loss={flag(a.kl_coef > 0)}",
+        f"actor_rollout_ref.actor.kl_loss_coef={a.kl_coef}",
+        f"actor_rollout_ref.actor.ppo_epochs={b.epochs}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={v.ppo_mini_batch_size}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={v.ppo_micro_batch_size_per_gpu}",
+        # one row per rollout (trajectory rows), each row one unit of loss: agl's per-rollout normalisation
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        f"algorithm.adv_estimator={'grpo' if v.advantages == 'agl' else v.advantages}",
+        f"algorithm.norm_adv_by_std_in_grpo={flag(a.scale_advantages)}",
+        f"data.train_batch_size={config.data.tasks_per_step}",
+        f"data.max_prompt_length={a.max_prompt_length or 4096}",
+        f"data.max_response_length={a.max_response_length or 4096}",
+        f"trainer.nnodes={v.nnodes}",
+        f"trainer.n_gpus_per_node={v.n_gpus_per_node}",
+        f"trainer.total_training_steps={config.run.steps}",
+        f"trainer.save_freq={config.run.checkpoint_every}",
+        f"trainer.default_local_dir={os.path.join(config.path(config.run.dir), 'verl')}",
+        "trainer.val_before_train=false",
+        "trainer.use_v1=false",
+        "trainer.logger=[console]",
+    ]
+    if a.max_grad_norm is not None:
+        out.append(f"actor_rollout_ref.actor.grad_clip={a.max_grad_norm}")
+    if b.lora is not None:
+        out += [f"actor_rollout_ref.model.lora_rank={b.lora.r}", f"actor_rollout_ref.model.lora_alpha={b.lora.alpha}",
+                f"actor_rollout_ref.model.target_modules=[{','.join(b.lora.target_modules)}]"]
+    return out + list(v.overrides)
+
+
+def compose_verl_config(overrides: Sequence[str]) -> Any:
+    """verl's ``ppo_trainer`` config with ``overrides`` (Hydra's compose: an unknown key fails here). Needs verl."""
+    import verl.trainer.config as verl_config
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    folder = os.path.dirname(os.path.abspath(verl_config.__file__))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=folder, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+# ---------------------------------------------------------------------- the launch path
+
+
+def launch(config: Config) -> TrainOutcome:
+    """``agl train`` with ``backend.name: verl``: the loop in the module docstring, on verl's Ray cluster.
+
+    Needs verl (with vLLM or SGLang) and GPUs. Runs the loop in a Ray actor (:func:`_run_in_ray`) and
+    returns what it did. What it cannot know on this machine (no GPU, a key verl lacks) fails before
+    Ray starts.
+    """
+    from agl_trainer.config import ConfigError, load_tasks
+    from agl_trainer.train_cli import TrainOutcome
+
+    try:
+        import ray
+
+        import verl  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("backend.name", f"verl needs the verl and ray packages on this machine ({exc}); "
+                                          "see docs/verl.md") from None
+    try:
+        verl_cfg = compose_verl_config(verl_overrides(config))
+    except Exception as exc:  # noqa: BLE001 - Hydra's errors name verl's key; say which agl key carried it
+        raise ConfigError("backend.verl.overrides", f"verl's config refused it: {exc}") from None
+    tasks = load_tasks(config)
+    started = time.monotonic()
+    if not ray.is_initialized():
+        ray.init(address=config.backend.verl.ray_address, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})
+    runner = ray.remote(num_cpus=1)(_VerlRunner).remote()
+    steps = ray.get(runner.run.remote(config.model_dump(mode="json"), config.base_dir, verl_cfg, tasks))
+    folder = config.path(config.run.dir)
+    return TrainOutcome(steps=steps, folder=folder, resumed=False, wall_s=time.monotonic() - started,
+                        server_url="", files={"curves": folder})
+
+
+class _VerlRunner:
+    """The training loop as a Ray actor (verl's worker groups are driven from one actor, as its TaskRunner does)."""
+
+    def run(self, agl: dict[str, Any], base_dir: str, verl_cfg: Any, tasks: list[Any]) -> list[dict[str, Any]]:
+        from omegaconf import OmegaConf
+
+        from agl_trainer.config import validate
+
+        config = validate(agl, base_dir=base_dir)
+        OmegaConf.resolve(verl_cfg)
+        trainer = _build_verl_trainer(verl_cfg)
+        trainer.init_workers()
+        return _fit(trainer, config, verl_cfg, tasks)
+
+
+def _build_verl_trainer(verl_cfg: Any) -> Any:
+    """verl's ``RayPPOTrainer`` set up as verl's ``main_ppo_v0.TaskRunner.run`` does, with no data set of its own."""
+    from verl.trainer.main_ppo_v0 import BaseTaskRunner
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    setup = BaseTaskRunner()  # the worker-group set-up of verl's TaskRunner, without its Ray actor
+    actor_rollout_cls, worker_group_cls = setup.add_actor_rollout_worker(verl_cfg)
+    setup.add_critic_worker(verl_cfg)
+    setup.add_reward_model_resource_pool(verl_cfg)
+    setup.add_teacher_model_resource_pool(verl_cfg)
+    setup.add_ref_policy_worker(verl_cfg, actor_rollout_cls)
+    validate_config(config=verl_cfg, use_reference_policy=need_reference_policy(verl_cfg),
+                    use_critic=need_critic(verl_cfg))
+    model_config = omega_conf_to_dataclass(verl_cfg.actor_rollout_ref.model)
+    placeholder = _Placeholder(verl_cfg.data.train_batch_size)  # the tasks come from agl's queue, not verl's loader
+    return RayPPOTrainer(config=verl_cfg, tokenizer=model_config.tokenizer, processor=model_config.processor,
+                         role_worker_mapping=setup.role_worker_mapping,
+                         resource_pool_manager=setup.init_resource_pool_mgr(verl_cfg),
+                         ray_worker_group_cls=worker_group_cls, train_dataset=placeholder, val_dataset=placeholder,
+                         collate_fn=collate_fn, train_sampler=None)
+
+
+class _Placeholder:
+    """A data set of ``n`` empty items: verl sizes its loader from one; agl's loop never reads it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {}
+
+
+def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[dict[str, Any]]:
+    """The stages of the module docstring, once per step; returns each step's numbers."""
+    import socket
+    import threading
+
+    import torch
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    from agl_core.worker import run_on_ray
+    from agl_trainer.advantages import compute_advantages
+    from agl_trainer.gateway import GatewayConfig, OpenAIBackend
+    from agl_trainer.rows import build_rows
+    from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
+    from agl_trainer.train_cli import _builder
+    from agl_trainer.training import LocalServer, StepResult, write_curves
+
+    # 1. serve: agl's gateway in front of verl's first rollout replica
+    address = trainer.llm_server_manager.get_addresses()[0]
+    token = config.server.token or os.environ.get("AGL_TOKEN") or os.urandom(16).hex()
+    host = "0.0.0.0"  # the workers run on other nodes: reachable beyond this one, so always with a token
+    folder = config.path(config.run.dir)
+    os.makedirs(folder, exist_ok=True)
+    server = TrainerServer(ServerConfig(db_path=config.path(config.server.db), host=host, port=config.server.port,
+                                        token=token, builder=_builder(config), max_attempts=config.server.max_attempts,
+                                        gateway=GatewayConfig(sampling_overrides={"temperature": 1.0})),
+                           OpenAIBackend(f"http://{address}/v1"))
+    thread = ServerThread(server).start()
+    url = f"http://{socket.gethostbyname(socket.gethostname())}:{thread.url.rsplit(':', 1)[1]}"
+    link = LocalServer(server, engine=None)
+    # 2. the agent's workers, as Ray actors on the cluster
+    threading.Thread(target=run_on_ray, args=("auto", url, config.agent), daemon=True,
+                     kwargs={"actors": config.workers.count, "token": token, "actor_cpus": config.workers.actor_cpus,
+                             "poll_s": 1.0}).start()
+    a = config.algorithm
+    n = config.data.group_size
+    mini = verl_cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
+    history: list[StepResult] = []
+    trainer.checkpoint_manager.update_weights(0)  # wake the replicas with the initial weights
+    try:
+        for step in range(1, config.run.steps + 1):
+            started = time.perf_counter()
+            j0 = (step - 1) * config.data.tasks_per_step
+            batch_tasks = [tasks[(j0 + j) % len(tasks)] for j in range(config.data.tasks_per_step)]
+            ids = link.enqueue(batch_tasks, [f"verl-s{step}-t{j}" for j in range(len(batch_tasks))], repeat=n,
+                               max_attempts=config.server.max_attempts)
+            pending, done = list(ids), []
+            deadline = time.monotonic() + config.run.step_timeout_s
+            while pending:
+                finished = link.finished(pending)
+                done += [r for r in finished.values() if r]
+                pending = [t for t in pending if t not in finished]
+                if pending and time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(pending)} rollouts of step {step} did not finish in time")
+                time.sleep(0.1)
+            trajectories, errors = link.trajectories(done)
+            collected = time.perf_counter()
+            # 3. score, rows
+            scored, adv_stats = compute_advantages(trajectories, credit=config.credit.method
+                                                   if config.credit.method != "custom" else None,
+                                                   gamma=config.credit.gamma, scale=a.scale_advantages)
+            rows, row_stats = build_rows(scored, a.row_mode, max_prompt_length=a.max_prompt_length,
+                                         max_response_length=a.max_response_length)
+            # 4. DataProto, a multiple of verl's mini-batch
+            trainer.checkpoint_manager.sleep_replicas()
+            batch = to_data_proto(rows, pad_id=trainer.tokenizer.pad_token_id or 0, pad_to_multiple=mini,
+                                  max_prompt_length=a.max_prompt_length, max_response_length=a.max_response_length)
+            batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+            batch.meta_info["temperature"] = verl_cfg.actor_rollout_ref.rollout.temperature
+            # 5. update
+            old, _ = trainer._compute_old_log_prob(batch)
+            old.batch.pop("entropys")
+            batch = batch.union(old)
+            if trainer.use_reference_policy:
+                batch = batch.union(trainer._compute_ref_log_prob(batch))
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            if config.backend.verl.advantages == "agl":
+                batch.batch["returns"] = batch.batch["advantages"]
+            else:
+                batch = compute_advantage(batch, adv_estimator=verl_cfg.algorithm.adv_estimator,
+                                          gamma=verl_cfg.algorithm.gamma, lam=verl_cfg.algorithm.lam, num_repeat=n,
+                                          norm_adv_by_std_in_grpo=a.scale_advantages, config=verl_cfg.algorithm)
+            output = trainer._update_actor(batch)
+            # 6. publish
+            trainer.checkpoint_manager.update_weights(step)
+            server.model.set(step, None)
+            metrics = {k: float(v) for k, v in output.meta_info["metrics"].items()
+                       if isinstance(v, int | float)}
+            rollout_s = collected - started
+            result = StepResult(step=step, reward=adv_stats.mean_return, final_reward=adv_stats.mean_return,
+                                rollouts=len(trajectories), failed_rollouts=len(errors),
+                                failed_tasks=len(ids) - len(done),
+                                transitions=row_stats.transitions, rows=row_stats.rows, merged=row_stats.merged,
+                                prefix_mismatches=row_stats.prefix_mismatches, rollout_s=rollout_s,
+                                update_s=time.perf_counter() - collected,
+                                rollouts_per_s=len(trajectories) / rollout_s if rollout_s > 0 else 0.0, version=step,
+                                time=time.time(), truncated_rows=row_stats.truncated_rows,
+                                metrics={"loss": metrics.get("actor/pg_loss", 0.0), **metrics})
+            history.append(result)
+            server.record_metrics(step, result.values())
+            write_curves(folder, history)
+            if config.run.checkpoint_every and step % config.run.checkpoint_every == 0:
+                trainer._save_checkpoint()
+    finally:
+        thread.stop()
+    return [r.to_dict() for r in history]

@@ -1,0 +1,104 @@
+"""The verl launch path as far as a CPU takes it: agl's config as verl's Hydra config (composed with verl's own
+``ppo_trainer``, so every key must exist there), the padded DataProto through verl's own padding removal, its
+advantage step and its policy loss. The GPU part (worker groups, vLLM replicas) is docs/verl.md's recipe.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+
+from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla  # noqa: E402
+from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
+from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
+
+from agl_trainer.advantages import compute_advantages  # noqa: E402
+from agl_trainer.config import validate  # noqa: E402
+from agl_trainer.rows import build_rows  # noqa: E402
+from agl_trainer.verl_backend import PAD_UID, compose_verl_config, to_data_proto, verl_overrides  # noqa: E402
+
+from .test_data_proto import BATCH  # noqa: E402
+
+CONFIG = {
+    "data": {"path": "tasks.jsonl", "group_size": 2, "tasks_per_step": 2},
+    "agent": "my_pkg.agent:solve",
+    "backend": {"name": "verl", "model": "Qwen/Qwen2.5-0.5B-Instruct", "epochs": 2, "lora": {"r": 16, "alpha": 32},
+                "verl": {"n_gpus_per_node": 4, "tensor_parallel_size": 2, "ppo_mini_batch_size": 2,
+                         "overrides": ["trainer.project_name=agl-test"]}},
+    "algorithm": {"lr": 1e-6, "kl_coef": 0.001, "clip_epsilon": 0.2, "clip_epsilon_high": 0.28,
+                  "max_prompt_length": 512, "max_response_length": 256, "scale_advantages": False},
+    "run": {"steps": 3, "dir": "/tmp/agl-verl-run"},
+}
+
+
+def test_agl_config_becomes_verl_config_with_every_key_known_to_verl() -> None:
+    config = validate(CONFIG)
+    verl_cfg = compose_verl_config(verl_overrides(config))
+    actor, rollout = verl_cfg.actor_rollout_ref.actor, verl_cfg.actor_rollout_ref.rollout
+    assert verl_cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (rollout.name, rollout.mode, rollout.n, rollout.tensor_model_parallel_size) == ("vllm", "async", 2, 2)
+    assert (actor.optim.lr, actor.clip_ratio_low, actor.clip_ratio_high) == (1e-6, 0.2, 0.28)
+    assert actor.use_kl_loss is True and actor.kl_loss_coef == 0.001 and actor.ppo_epochs == 2
+    assert actor.loss_agg_mode == "seq-mean-token-mean"  # a row (a rollout, in trajectory mode) weighs one
+    assert verl_cfg.actor_rollout_ref.model.lora_rank == 16 and verl_cfg.actor_rollout_ref.model.lora_alpha == 32
+    assert verl_cfg.algorithm.adv_estimator == "grpo" and verl_cfg.algorithm.norm_adv_by_std_in_grpo is False
+    assert (verl_cfg.data.max_prompt_length, verl_cfg.data.max_response_length) == (512, 256)
+    assert verl_cfg.trainer.n_gpus_per_node == 4 and verl_cfg.trainer.total_training_steps == 3
+    assert verl_cfg.trainer.use_v1 is False and verl_cfg.trainer.project_name == "agl-test"
+
+
+def test_a_key_verl_does_not_have_fails_on_this_machine() -> None:
+    config = validate({**CONFIG, "backend": {**CONFIG["backend"], "verl": {"overrides": ["trainer.no_such_key=1"]}}})
+    with pytest.raises(Exception, match="no_such_key"):
+        compose_verl_config(verl_overrides(config))
+
+
+def _batch(pad_to: int) -> object:
+    scored, _ = compute_advantages(BATCH)
+    rows, _ = build_rows(scored, "trajectory")
+    return to_data_proto(rows, pad_to_multiple=pad_to), rows
+
+
+def test_padding_rows_fill_the_mini_batch_and_carry_no_loss() -> None:
+    data, rows = _batch(3)
+    assert len(rows) == 4 and len(data) == 6
+    assert data.meta_info["agl"]["pad_rows"] == 2
+    assert list(data.non_tensor_batch["uid"][-2:]) == [f"{PAD_UID}-0", f"{PAD_UID}-1"]
+    assert int(data.batch["response_mask"][4:].sum()) == 0 and float(data.batch["advantages"][4:].abs().sum()) == 0
+    # real rows are untouched
+    assert int(data.batch["response_mask"][:4].sum()) == sum(r.loss_tokens for r in rows)
+    with pytest.raises(ValueError, match="pad_to_multiple"):
+        to_data_proto(rows, pad_to_multiple=0)
+
+
+def test_verl_removes_the_padding_of_our_batch_as_its_workers_do() -> None:
+    data, rows = _batch(3)
+    td = left_right_2_no_padding(data.to_tensordict())
+    lengths = td["input_ids"].offsets().diff().tolist()
+    expected = [len(r.input_ids) for r in rows] + [2, 2]
+    assert lengths == expected  # every real token kept, every pad token dropped
+
+
+def test_verl_advantage_and_policy_loss_run_on_our_batch() -> None:
+    data, _ = _batch(3)
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+    data.batch["old_log_probs"] = data.batch["rollout_log_probs"]
+    ours = data.batch["advantages"].clone()
+    grpo = compute_advantage(data, adv_estimator="grpo", num_repeat=2, norm_adv_by_std_in_grpo=True)
+    mask = grpo.batch["response_mask"].bool()
+    # trajectory rows are one per rollout here, so verl's GRPO over uid agrees with agl's advantages, up to
+    # its std: verl divides by the sample std (n - 1), agl by the group's own (n): a factor sqrt(2) for pairs
+    assert torch.allclose(grpo.batch["advantages"][mask] * 2 ** 0.5, ours[mask], atol=1e-4)
+    # verl's PPO-clip loss, with the actor config our overrides made, on our batch
+    from verl.utils.config import omega_conf_to_dataclass
+
+    actor = omega_conf_to_dataclass(compose_verl_config(verl_overrides(validate(CONFIG))).actor_rollout_ref.actor)
+    logp = data.batch["old_log_probs"] + 0.5 * data.batch["response_mask"]  # ratio e^0.5 = 1.65: clipped at 1.28
+    pg, metrics = compute_policy_loss_vanilla(data.batch["old_log_probs"], logp, grpo.batch["advantages"],
+                                              data.batch["response_mask"], loss_agg_mode=actor.loss_agg_mode,
+                                              config=actor)
+    assert torch.isfinite(pg)
+    assert float(metrics["actor/pg_clipfrac"]) > 0
+    assert agg_loss(data.batch["response_mask"].float(), data.batch["response_mask"], "seq-mean-token-mean") > 0
