@@ -9,7 +9,7 @@ merge. It is run twice in the same process, once per row mode, on the same tiny 
 transition row re-reads the whole conversation before its response, a trajectory row
 reads it once.
 
-For a 0.5B model with verl on a GPU, see the recipe in ``agl_trainer/verl_backend.py``.
+For a 0.5B model with verl on a GPU cluster, see docs/verl.md.
 """
 
 from __future__ import annotations

@@ -363,9 +363,14 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     n = config.data.group_size
     mini = verl_cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
     history: list[StepResult] = []
-    trainer.checkpoint_manager.update_weights(0)  # wake the replicas with the initial weights
+    trainer.global_steps = 0
+    if config.run.resume:
+        trainer._load_checkpoint()  # verl's own resume (trainer.resume_mode): sets global_steps
+    first = trainer.global_steps + 1
+    trainer.checkpoint_manager.update_weights(trainer.global_steps)  # wake the replicas with these weights
     try:
-        for step in range(1, config.run.steps + 1):
+        for step in range(first, config.run.steps + 1):
+            trainer.global_steps = step
             started = time.perf_counter()
             j0 = (step - 1) * config.data.tasks_per_step
             batch_tasks = [tasks[(j0 + j) % len(tasks)] for j in range(config.data.tasks_per_step)]
@@ -410,7 +415,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
             output = trainer._update_actor(batch)
             # 6. publish
             trainer.checkpoint_manager.update_weights(step)
-            server.model.set(step, None)
+            server.model.set(max(step, server.model.version + 1), None)
             metrics = {k: float(v) for k, v in output.meta_info["metrics"].items()
                        if isinstance(v, int | float)}
             rollout_s = collected - started
