@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agl_core import semconv
+from agl_core import encoding, semconv
 from agl_core.encoding import dumps, sampling_attributes, span_text
 from agl_core.messages import to_genai
 from agl_core.openai_client.attributes import input_messages_json
@@ -261,7 +261,7 @@ def _put_task(attrs: Attributes, task: Any) -> None:
     if task is None:
         return
     name = task_name(task)
-    if name is not None:
+    if name is not None and (encoding.capture_content or getattr(task, "name", None)):  # else it is the prompt
         attrs[semconv.CREWAI_TASK_NAME] = name
     task_id = getattr(task, "id", None)
     if task_id is not None:

@@ -85,6 +85,7 @@ def test_capture_off_redacts_every_span_and_keeps_token_ids(capture: InMemorySpa
         assert SECRET not in _texts(attrs)
         assert not set(dict(attrs or {})) & encoding.CONTENT_ATTRIBUTES
     spans = run.rollout.spans
+    assert not [s.name for s in spans if SECRET in s.name]
     assert any(s.attributes.get(semconv.GEN_AI_TOOL_NAME) == "lookup" for s in spans)  # names kept
     assert any(s.attributes.get(semconv.GEN_AI_USAGE_INPUT_TOKENS) for s in spans)  # usage kept
     assert all(s.end_ns >= s.start_ns > 0 for s in spans)  # timing kept

@@ -1,0 +1,221 @@
+"""Fail-open for the ``crewai`` plugin: no fault inside agl changes what a crew or flow returns or raises.
+
+This extends ``test_robustness.py`` (whose fault list is written by hand): every agl
+function the plugin's hooks call is found by introspection (``agl_crewai.attributes``,
+the agl helpers it and the instrumentor import, ``collector.tracer``) and made to
+raise in turn while a crew with a tool (sync and native async) and a flow whose
+steps call the LLM and a standalone agent run against a fake server; a hook added
+later is covered without editing this file. Each fault is logged once and counted.
+Functions this workload cannot reach are listed in ``NOT_ON_PATH`` (and the test
+checks they really are not reached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import types
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from crewai.agent.core import Agent
+from crewai.crew import Crew
+from crewai.flow.flow import Flow, listen, start
+from crewai.llm import LLM
+from crewai.task import Task
+from crewai.tools import tool
+from crewai.tools.tool_failure import ToolFailure
+from opentelemetry import trace
+
+import agl_core as agl
+from agl_core import collector, guard
+from agl_core.testing import FakeOpenAI
+from agl_crewai import attributes
+from agl_crewai import instrumentor as plugin_instrumentor
+
+# --------------------------------------------------------------------------- the faults, by introspection
+# (the same helpers in every suite's test_fail_open.py: each suite runs in its own environment)
+
+
+def hook_faults(attrs_module: types.ModuleType, instrumentor_module: types.ModuleType) -> list[tuple[Any, str]]:
+    """(owner, name) of every agl function the plugin's hooks call.
+
+    The attributes module's own functions, its classes' methods and the agl helpers it imports; the
+    agl_core helpers the instrumentor imports by name (``set_on``, ...); ``collector.tracer``. Fault
+    reporting itself (``agl_core.guard``) and the hook wrappers are not faults that a hook calls.
+    """
+    found: list[tuple[Any, str]] = []
+    for name, value in vars(attrs_module).items():
+        if inspect.isclass(value) and value.__module__ == attrs_module.__name__:
+            found += [(value, m) for m, f in vars(value).items() if inspect.isfunction(f)]
+        elif _agl_callable(value):
+            found.append((attrs_module, name))
+    for name, value in vars(instrumentor_module).items():
+        if _agl_callable(value) and value.__module__ not in (instrumentor_module.__name__, attrs_module.__name__):
+            found.append((instrumentor_module, name))
+    found.append((collector, "tracer"))
+    return found
+
+
+def _agl_callable(value: Any) -> bool:
+    if not (inspect.isfunction(value) or inspect.ismethod(value)):
+        return False
+    module = getattr(value, "__module__", "") or ""
+    return module.startswith("agl_") and module != guard.__name__
+
+
+def fault_id(fault: tuple[Any, str]) -> str:
+    owner, name = fault
+    return f"{getattr(owner, '__qualname__', None) or owner.__name__}.{name}"
+
+
+def _raiser(*args: Any, **kwargs: Any) -> Any:
+    """The body a faulty function gets (its ``__code__``): counts the call through builtins, then raises."""
+    __agl_fault_hits__.append(1)  # type: ignore[name-defined]  # noqa: F821
+    raise RuntimeError("agl-injected-fault")
+
+
+def inject(monkeypatch: pytest.MonkeyPatch, fault: tuple[Any, str], hits: list[int]) -> Callable[[], None]:
+    """The function that arms ``fault``: a plain function gets the raising body in place, so every
+    reference to it fails (ones bound at import time too); a closure or bound method is replaced by name."""
+    import builtins
+
+    monkeypatch.setattr(builtins, "__agl_fault_hits__", hits, raising=False)
+    owner, name = fault
+    target = vars(owner)[name] if inspect.isclass(owner) else getattr(owner, name)
+
+    def arm() -> None:
+        if inspect.isfunction(target) and not target.__code__.co_freevars:
+            monkeypatch.setattr(target, "__code__", _raiser.__code__)
+        else:
+            def boom(*args: Any, **kwargs: Any) -> Any:
+                hits.append(1)
+                raise RuntimeError("agl-injected-fault")
+
+            monkeypatch.setattr(owner, name, boom)
+
+    return arm
+
+
+def check_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """Each faulty site was logged exactly once, naming the injected fault, and counted."""
+    counts = guard.fault_counts()
+    assert sum(counts.values()) >= 1, "the fault was swallowed without being reported"
+    logged = [r for r in caplog.records if r.name == "agl" and "error in" in r.getMessage()]
+    assert sorted(r.args[0] for r in logged) == sorted(counts), "each faulty site is logged exactly once"  # type: ignore[index]
+    assert any("agl-injected-fault" in r.getMessage() for r in logged)
+
+
+FAULTS = hook_faults(attributes, plugin_instrumentor)
+NOT_ON_PATH = {"agl_crewai.attributes.asked_tools_message"}  # LLM.call(available_functions=...) runs tools itself
+CREW = [{"tool_calls": [{"name": "multiply", "arguments": {"a": 6, "b": 7}},
+                        {"name": "divide", "arguments": {"a": 1, "b": 0}},
+                        {"name": "lookup", "arguments": {"name": "Ada"}}]}, "The answer is 42."]
+SCRIPT = [*CREW, *CREW, "teal", "Teal sea at dusk."]
+
+
+@tool("multiply")
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
+    return a * b
+
+
+@tool("divide")
+def divide(a: int, b: int) -> float:
+    """Divide two numbers."""
+    return a / b
+
+
+@tool("lookup")
+def lookup(name: str) -> Any:
+    """Look up a person's phone number."""
+    return ToolFailure(message=f"no entry for {name}", code="not_found")
+
+
+def _llm(srv: FakeOpenAI) -> LLM:
+    return LLM(model="gpt-4o", base_url=srv.url, api_key="x", max_retries=0)
+
+
+def _crew(llm: LLM, question: str) -> Crew:
+    agent = Agent(role="Calculator", goal="compute", backstory="b", llm=llm, tools=[multiply, divide, lookup])
+    return Crew(agents=[agent], tasks=[Task(description=question, expected_output="a number", agent=agent)])
+
+
+def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
+          after: Callable[[], None] = lambda: None) -> list[Any]:
+    """A crew (sync, then native async) that calls a tool, and a flow whose steps call the LLM and an agent."""
+    llm = _llm(srv)
+    poet = Agent(role="Poet", goal="write short poems", backstory="Writes haiku.", llm=llm)
+
+    class ColorPoem(Flow):  # type: ignore[type-arg]
+        @start()
+        def pick_color(self) -> str:
+            return str(llm.call("Name one color."))
+
+        @listen(pick_color)
+        def write_poem(self, color: str) -> str:
+            return str(poet.kickoff(f"Write a poem about {color}.").raw)
+
+    out: list[Any] = []
+    with agl.rollout("fail-open") as run:
+        during()
+        out.append(_crew(llm, f"What is 6*7? ({uuid.uuid4()})").kickoff().raw)
+        out.append(asyncio.run(_crew(llm, "What is 6*7?").akickoff()).raw)
+        out.append(ColorPoem().kickoff())
+        after()
+        agl.emit_reward(1.0)
+    assert run.rollout.status == "succeeded"
+    assert trace.get_current_span() is trace.INVALID_SPAN, "a span of ours was left current"
+    out.append(run.trajectory().reward)
+    return out
+
+
+def failing_agent(srv: FakeOpenAI) -> tuple[type[BaseException], str]:
+    with pytest.raises(Exception) as caught:
+        _llm(srv).call("hi")
+    return type(caught.value), str(caught.value)
+
+
+@pytest.fixture
+def baseline(instrumented: Any) -> Iterator[tuple[list[Any], tuple[type[BaseException], str]]]:
+    with FakeOpenAI(script=SCRIPT) as srv:
+        good = agent(srv)
+    with FakeOpenAI(status=400) as srv:
+        bad = failing_agent(srv)
+    guard.reset_fault_counts()
+    yield good, bad
+    guard.reset_fault_counts()
+
+
+def test_the_introspection_finds_the_hooks() -> None:
+    names = {fault_id(f) for f in FAULTS}
+    assert "agl_core.collector.tracer" in names and "agl_crewai.instrumentor.set_on" in names
+    assert len([n for n in names if n.startswith("agl_crewai.attributes.")]) >= 10, sorted(names)
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=fault_id)
+def test_a_fault_in_any_hook_function_never_changes_what_the_agent_gets(
+        baseline: tuple[list[Any], tuple[type[BaseException], str]], fault: tuple[Any, str],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    good, bad = baseline
+    hits: list[int] = []
+    arm = inject(monkeypatch, fault, hits)
+    caplog.set_level(logging.WARNING, logger="agl")
+    with FakeOpenAI(script=SCRIPT) as srv:
+        if fault[0] is collector:  # agl.rollout() and emit_reward need the tracer too: fault only the hooks
+            got = agent(srv, during=arm, after=monkeypatch.undo)
+        else:
+            arm()
+            got = agent(srv)
+            with FakeOpenAI(status=400) as failing:
+                assert failing_agent(failing) == bad  # the agent's own error passes through unchanged
+    monkeypatch.undo()
+    assert got == good
+    if fault_id(fault) in NOT_ON_PATH:
+        assert not hits, f"{fault_id(fault)} is reached now: take it out of NOT_ON_PATH"
+        return
+    assert hits, f"the agent never reached {fault_id(fault)}: list it in NOT_ON_PATH or reach it"
+    check_reported(caplog)
