@@ -108,7 +108,8 @@ def fill(url: str, token: str | None = None) -> list[agl.RolloutRun]:
 
 
 def record_curves(server: TrainerServer, steps: int = N_STEPS) -> None:
-    """A plausible run: reward rising, loss falling."""
+    """A plausible run: reward rising, loss falling, and a number the page shows only when asked (kl)."""
     for step in range(steps):
         server.record_metrics(step, {"reward_mean": round(0.2 + 0.6 * (1 - math.exp(-step / 4)), 4),
-                                     "loss": round(0.9 * math.exp(-step / 5) + 0.05, 4)})
+                                     "loss": round(0.9 * math.exp(-step / 5) + 0.05, 4),
+                                     "kl": round(0.01 * step, 4)})

@@ -89,6 +89,10 @@ def test_lists_rollouts_opens_a_tree_and_draws_curves(filled: Filled, page: Any)
     ys = [float(p.split(",")[1]) for p in points.split()]
     assert ys[-1] < ys[0]  # the reward rises: up the chart, which is smaller y in SVG
     expect(curves.nth(0).locator("circle")).to_have_count(sample_runs.N_STEPS)
+    expect(page.locator("#curves-hint")).to_have_text(f"{sample_runs.N_STEPS} steps · 2 of 3 metrics")
+    page.check("#all-metrics")
+    expect(curves).to_have_count(3)
+    assert curves.nth(2).get_attribute("data-metric") == "kl"
 
     # per-agent calls and error rates
     expect(page.locator("#stats tbody tr[data-agent=solver] td").nth(2)).to_have_text("10")

@@ -403,9 +403,13 @@ function drawCurve(name, points, color) {
   return chart;
 }
 
+// Reward and loss curves unless "every metric" is ticked: a trainer records a dozen numbers a step.
+const PRIMARY = /reward|loss/i;
+
 async function loadCurves() {
   const metrics = await api("/v1/metrics");
-  if (!changed("metrics", metrics)) return;
+  const all = document.getElementById("all-metrics").checked;
+  if (!changed("metrics", [metrics, all])) return;
   const series = new Map();
   for (const row of metrics.data) {
     for (const [name, value] of Object.entries(row.values)) {
@@ -414,13 +418,16 @@ async function loadCurves() {
     }
   }
   const box = document.getElementById("curves");
-  const names = [...series.keys()].sort(metricOrder);
+  const every = [...series.keys()].sort(metricOrder);
+  const primary = every.filter((n) => PRIMARY.test(n));
+  const names = all || !primary.length ? every : primary;
   box.replaceChildren(...names.map((n, i) => drawCurve(n, series.get(n), COLORS[i % COLORS.length])));
   if (!names.length) {
     box.append(el("p", { class: "empty", text: "no training metrics yet: the trainer records them per step " +
       "(TrainerServer.record_metrics, or POST /v1/metrics)" }));
   }
-  document.getElementById("curves-hint").textContent = metrics.data.length ? `${metrics.data.length} steps` : "";
+  document.getElementById("curves-hint").textContent = metrics.data.length
+    ? `${metrics.data.length} steps · ${names.length} of ${every.length} metrics` : "";
 }
 
 // ------------------------------------------------------------------ agent stats
@@ -467,6 +474,7 @@ function start() {
   takeTokenFromUrl();
   document.getElementById("refresh").addEventListener("click", refresh);
   document.getElementById("auto-refresh").addEventListener("change", schedule);
+  document.getElementById("all-metrics").addEventListener("change", () => loadCurves().catch(showError));
   document.getElementById("status-filter").addEventListener("change", (ev) => {
     state.status = ev.target.value;
     state.offset = 0;
