@@ -354,3 +354,19 @@ def test_a_client_that_goes_away_mid_stream_stops_its_generation(tokenizer: Any,
     data = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 3,
                                                               "return_token_ids": True}, timeout=60).json()
     assert data["choices"][0]["token_ids"] == script[:3]
+
+
+def test_a_client_that_gives_up_on_a_plain_request_stops_its_generation(tokenizer: Any,
+                                                                        make_server: ServerFactory) -> None:
+    script = tokenizer.encode("b" * 150)
+    model = ScriptedLM(len(tokenizer), script, tokenizer.eos_token_id, delay_s=0.03)  # 150 tokens: 4.5 s
+    engine = TorchEngine(model, tokenizer, name="scripted", default_max_tokens=200)
+    srv = make_server(engine)
+    tp = {"traceparent": f"00-{'5' * 32}-{'6' * 16}-01"}
+    with pytest.raises(httpx.ReadTimeout):  # the agent's client times out and drops the connection
+        httpx.post(srv.url + "/v1/chat/completions", json={"messages": MESSAGES}, headers=tp, timeout=0.5)
+    deadline = time.monotonic() + 10
+    while engine.cancelled == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.cancelled == 1 and model.steps < 100
+    assert srv.server.gateway.abandoned == 1 and srv.server.records.get(("5" * 32, "6" * 16)) is None

@@ -25,8 +25,9 @@ TP = {"traceparent": f"00-{TRACE}-{SPAN}-01"}
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _post(url: str, path: str, body: Any, headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
-    return httpx.post(url + path, json=body, headers=headers, timeout=30, **kw)
+def _post(url: str, path: str, body: Any, headers: dict[str, str] | None = None, timeout: float = 30,
+          **kw: Any) -> httpx.Response:
+    return httpx.post(url + path, json=body, headers=headers, timeout=timeout, **kw)
 
 
 def _record(thread: ServerThread, span: str = SPAN) -> Any:
@@ -390,5 +391,20 @@ def test_an_agent_that_goes_away_mid_stream_closes_the_upstream_request(make_ser
         assert backend.closed.wait(10), "the gateway kept the backend's request open after the agent left"
         assert _record(srv) is None  # half a call is not recorded
         assert len(srv.server.backend._upstream._idle) == 0  # type: ignore[attr-defined]  # not reused mid-body
+    finally:
+        backend.stop()
+
+
+def test_an_agent_that_gives_up_on_a_plain_request_closes_the_upstream_request(make_server: ServerFactory) -> None:
+    backend = GatedStream([_chunk({"role": "assistant", "content": "Hel"}, [7])], [])  # holds its answer back
+    try:
+        srv = make_server(OpenAIBackend(backend.url), gateway=GatewayConfig(served_model="m"))
+        with pytest.raises(httpx.ReadTimeout):
+            _post(srv.url, "/v1/chat/completions", {"messages": USER}, TP, timeout=0.5)
+        assert backend.closed.wait(10), "the gateway kept the backend's request open after the agent left"
+        deadline = time.monotonic() + 5
+        while srv.server.gateway.abandoned == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.server.gateway.abandoned == 1 and _record(srv) is None
     finally:
         backend.stop()

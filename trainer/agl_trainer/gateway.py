@@ -6,6 +6,11 @@ OpenAI-compatible server that returns token ids the way vLLM does
 (:class:`OpenAIBackend`: ``vllm serve``, verl's async servers, agl's fake), or
 the built-in torch engine (:mod:`agl_trainer.engine`).
 
+An agent that goes away cancels its call: a dropped stream at once, a plain call
+once it has run a fifth of a second (see ``_unless_gone``); the torch engine then
+drops the call's rows, and an upstream server sees its connection closed (vLLM
+aborts the request). Nothing is recorded for a call that did not finish.
+
 Per call the gateway asks the backend for ``return_token_ids`` and
 ``logprobs``, and records the prompt token ids, the response token ids and
 their logprobs under the request's W3C ``traceparent`` (see
@@ -33,10 +38,11 @@ event) leaves. Streaming keeps the ids: they are read chunk by chunk.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -411,6 +417,7 @@ class Gateway:
         self._served: str | None = self.config.served_model
         self.calls = 0
         self.recorded = 0
+        self.abandoned = 0  # calls whose agent went away before the answer
 
     def routes(self) -> list[Route]:
         return [
@@ -476,9 +483,12 @@ class Gateway:
                 return StreamingResponse(self._events(opened, endpoint, key, keep_ids, keep_logprobs),
                                          media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            reply = await self.backend.complete(endpoint, upstream)
+            reply = await _unless_gone(request, self.backend.complete(endpoint, upstream))
         except BackendError as exc:
             raise ApiError(exc.status, exc.message) from None
+        if reply is None:
+            self.abandoned += 1
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         if reply.status != 200 or not isinstance(reply.data, dict):
             return _relay_error(reply)
         data = reply.data
@@ -518,6 +528,50 @@ class Gateway:
                 self.records.put(key, record)  # before [DONE]: the rollout may be posted right after it
                 self.recorded += 1
         yield b"data: [DONE]\n\n"
+
+
+_WATCH_AFTER_S = 0.2
+"""How long a plain call runs before the gateway starts watching for its agent to go away."""
+
+
+async def _unless_gone(request: Request, call: Awaitable[BackendReply]) -> BackendReply | None:
+    """The backend's reply; None when the agent disconnected first, and then the call is cancelled.
+
+    Cancelling is what frees the model: the torch engine drops the call's rows, and an upstream
+    server (vLLM) sees its connection closed and aborts the request. The watch starts only once
+    the call has run ``_WATCH_AFTER_S`` (a timer costs a few microseconds, a watching task tens,
+    and most calls are over by then); a disconnect that came earlier is seen at once then.
+    Streams need none of this: Starlette already cancels a stream whose client went away.
+    """
+    task = asyncio.current_task()
+    gone = False
+    watcher: asyncio.Task[None] | None = None
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        if task is not None:
+            task.cancel()
+
+    def start() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, start)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        if task is not None:
+            task.uncancel()
+        return None
+    finally:
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
 def _relay_error(reply: BackendReply) -> Response:
