@@ -38,7 +38,7 @@ def test_rollout_pages_are_newest_first_and_filter_by_status(filled: Filled) -> 
         assert both["total"] == 6
 
         for params, param in [({"status": "done"}, "status"), ({"limit": "x"}, "limit"),
-                              ({"limit": 501}, "limit"), ({"offset": -1}, "offset")]:
+                              ({"limit": 501}, "limit"), ({"offset": -1}, "offset"), ({"offset": 2**63}, "offset")]:
             bad = client.get("/v1/dashboard/rollouts", params=params)
             assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
         assert "running, succeeded, failed, timeout, cancelled" in \

@@ -62,7 +62,6 @@ _MAX_PAGE = 500
 DEFAULT_STATS_WINDOW = 1000
 """``GET /v1/stats`` counts the agents' calls over this many newest rollouts unless ``?last=`` says otherwise."""
 _MAX_STATS_WINDOW = 1_000_000
-_AGENT_OPS = (semconv.OP_INVOKE_AGENT, semconv.OP_CREATE_AGENT)
 _TOOL_FAILURES = (semconv.TOOL_ERROR, semconv.TOOL_EXCEPTION, semconv.TOOL_TIMEOUT)
 
 
@@ -103,7 +102,7 @@ class Dashboard:
                 raise ApiError(400, f"query parameter 'status' must be one of {', '.join(_STATUSES)}; "
                                     f"got {status!r}", "status")
         limit = _int(q, "limit", 25, high=_MAX_PAGE)
-        offset = _int(q, "offset", 0)
+        offset = _int(q, "offset", 0, high=2**63 - 1)  # SQLite's integers end there
         page = await run_in_threadpool(self.rollouts_page, statuses, limit, offset)
         return _json(page)
 

@@ -127,8 +127,9 @@ async function loadRollouts() {
   const body = document.querySelector("#rollouts tbody");
   body.replaceChildren();
   for (const r of page.data) {
-    const row = el("tr", { "data-rollout-id": r.id, class: r.id === state.selected ? "selected" : null,
-                           onclick: () => selectRollout(r.id) },
+    const row = el("tr", { "data-rollout-id": r.id, class: r.id === state.selected ? "selected" : null, tabindex: 0,
+                           onclick: () => selectRollout(r.id),
+                           onkeydown: (ev) => { if (ev.key === "Enter") selectRollout(r.id); } },
       el("td", { text: fmtTime(r.start_time) }),
       el("td", { class: "task", text: r.task_id }),
       el("td", { class: "num", text: r.attempt }),
@@ -222,7 +223,8 @@ function renderNode(node, rollout) {
   const line = el("div", {
       class: `node k-${kind}${error ? " error" : ""}${state.selectedSpan === s.span_id ? " selected" : ""}`,
       "data-span-id": s.span_id, "data-kind": kind, tabindex: 0,
-      onclick: (ev) => { ev.stopPropagation(); selectSpan(s, rollout); } },
+      onclick: (ev) => { ev.stopPropagation(); selectSpan(s, rollout); },
+      onkeydown: (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); selectSpan(s, rollout); } } },
     el("span", { class: "kind", text: kind }),
     el("span", { class: "label", text: spanLabel(s) }),
     reward !== null && reward !== undefined ? el("span", { class: "reward", text: "reward " + fmtNumber(reward) }) : null,
