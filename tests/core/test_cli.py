@@ -333,6 +333,7 @@ def test_export_hf_dataset_for_sft(filled: Filled, tmp_path: Path) -> None:
     out = tmp_path / "sft"
     result = agl_cli("export", "--format", "hf", "--db", str(filled.db), "--status", "succeeded", str(out))
     assert result.stdout.strip() == f"agl export: wrote 15 transitions of 3 rollouts to {out} (hf)"
+    assert result.stderr == ""  # agl's bar only, and only on a terminal: datasets' own bars are off
     ds = datasets.load_from_disk(str(out))
     expected = filled.store.transitions()[:15]
     assert len(ds) == 15
@@ -348,6 +349,10 @@ def test_export_hf_dataset_for_sft(filled: Filled, tmp_path: Path) -> None:
     assert call["function"] == {"name": "calculator", "arguments": '{"q": "4 * 3 / 0"}'}
     assert row["prompt_token_ids"] == t.prompt_token_ids and row["response_token_ids"] == t.response_token_ids
     assert (row["reward"], row["credited_reward"], row["agent_name"]) == (-0.5, t.credited_reward, "solver")
+    empty = tmp_path / "empty"
+    nothing = agl_cli("export", "--format", "hf", "--db", str(filled.db), "--task", "nope", str(empty), check=False)
+    assert nothing.returncode == 1 and "Error: no transitions match; nothing written" in nothing.stderr
+    assert not empty.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["sft"]
     tool_turn = ds[3]["prompt"][-1]
     assert (tool_turn["role"], tool_turn["content"]) == ("tool", "error: division by zero")
     assert tool_turn["tool_call_id"] == ds[2]["response"]["tool_calls"][0]["id"]

@@ -141,9 +141,21 @@ def _write_jsonl(path: str, rows: Iterator[Transition]) -> int:
 
 
 def _write_hf(datasets: Any, path: str, rows: Iterator[Transition]) -> int:
+    quiet = getattr(datasets, "disable_progress_bars", None)  # agl's own bar is the one shown
+    if quiet is not None:
+        quiet()
+    features = hf_features(datasets)
     records = [hf_row(t) for t in rows]
-    dataset = datasets.Dataset.from_list(records, features=hf_features(datasets))
-    dataset.save_to_disk(path)
+    if not records:  # datasets saves an empty Dataset that load_from_disk then cannot read
+        raise click.ClickException("no transitions match; nothing written (a Hugging Face dataset needs at least "
+                                   "one row)")
+    columns = {name: [r[name] for r in records] for name in features}
+    try:
+        datasets.Dataset.from_dict(columns, features=features).save_to_disk(path)
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever datasets raises, one line naming it, not its traceback
+        raise click.ClickException(f"cannot build the Hugging Face dataset: {type(exc).__name__}: {exc}") from None
     return len(records)
 
 
