@@ -326,3 +326,31 @@ def test_a_rollout_posted_again_keeps_the_token_ids_joined_the_first_time(make_s
         again = store.transitions(rollout_id=run.id)
         assert [t.token_source for t in again] == ["gateway", "gateway"]
         assert again[1].response_token_ids == tokenize("It is Paris.") and again[1].response_logprobs
+
+
+@pytest.mark.parametrize(("method", "path", "body", "param"), [
+    ("POST", "/v1/tasks", {"tasks": "x"}, "tasks"),
+    ("POST", "/v1/tasks", {"tasks": [{"task": 1, "task_id": 5}]}, "tasks[0].task_id"),
+    ("POST", "/v1/tasks", {"tasks": [{"task": 1}], "repeat": 0}, "repeat"),
+    ("POST", "/v1/tasks", {"tasks": [{"task": 1}], "max_attempts": "3"}, "max_attempts"),
+    ("POST", "/v1/tasks", {"tasks": [{"task": 1}], "group_id": ""}, "group_id"),
+    ("POST", "/v1/tasks", {"tasks": [{"task": float("inf")}]}, "tasks[0].task"),
+    ("POST", "/v1/tasks/lease", {"worker_id": 7}, "worker_id"),
+    ("POST", "/v1/tasks/lease", {"lease_timeout": -1}, "lease_timeout"),
+    ("POST", "/v1/leases/heartbeat", {"lease_ids": "abc"}, "lease_ids"),
+    ("POST", "/v1/leases/x/release", {"reason": 3}, "reason"),
+    ("POST", "/v1/model", {"version": 1, "weights": 5}, "weights"),
+    ("GET", "/v1/rollouts?limit=-1", None, "limit"),
+    ("GET", "/v1/rollouts?since=soon", None, "since"),
+    ("GET", "/v1/rollouts/x?with_spans=maybe", None, "with_spans"),
+])
+def test_bad_requests_to_the_task_and_store_routes_name_the_field(fake: FakeOpenAI, make_server: ServerFactory,
+                                                                  method: str, path: str, body: Any,
+                                                                  param: str) -> None:
+    srv = make_server(fake)
+    TaskClient(srv.url).enqueue([{"id": "kept"}])
+    content = None if body is None else json.dumps(body, allow_nan=True).encode()
+    r = httpx.request(method, srv.url + path, content=content, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    assert TaskClient(srv.url).counts()["queued"] == 1  # nothing already stored is lost
