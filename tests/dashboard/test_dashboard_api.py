@@ -97,7 +97,7 @@ def test_stats_on_an_empty_store(tmp_path: Path) -> None:
 
 def test_page_loads_without_the_token_but_no_data_does(filled_with_token: Filled) -> None:
     url = filled_with_token.url
-    for path in ("/", "/dashboard", "/dashboard/app.js", "/dashboard/app.css"):
+    for path in ("/", "/dashboard", "/dashboard/", "/dashboard/app.js", "/dashboard/app.css"):
         r = httpx.get(url + path)
         assert r.status_code == 200, path
         assert "default-src 'none'" in r.headers["content-security-policy"]

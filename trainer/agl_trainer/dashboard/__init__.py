@@ -41,6 +41,7 @@ __all__ = ["OPEN_PATHS", "Dashboard"]
 _FILES: dict[str, tuple[str, str]] = {  # path -> (file in this folder, media type)
     "/": ("index.html", "text/html; charset=utf-8"),
     "/dashboard": ("index.html", "text/html; charset=utf-8"),
+    "/dashboard/": ("index.html", "text/html; charset=utf-8"),
     "/dashboard/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/dashboard/app.css": ("app.css", "text/css; charset=utf-8"),
 }
