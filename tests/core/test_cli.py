@@ -271,12 +271,23 @@ def test_traces_show_says_why_a_call_was_not_trained(tmp_path: Path) -> None:
             client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0)
             with agl.rollout(task_id="match", store=store, builder=builder) as run:
                 _agent(client, "planner", "How much are 4 apples?")
+                agl.emit_message("the shop " + "is open " * 20 + "today")
     finally:
         agl.uninstrument()
     out = agl_cli("traces", "show", "--db", str(db), run.id).stdout
     planned = [line for line in out.splitlines() if "LLM chat" in line]
     assert len(planned) == 2 and all(line.endswith("not trained: agent 'planner' does not match agent_match "
                                                    "'solver'") for line in planned), out
+    message = next(line for line in out.splitlines() if "message" in line)
+    said = "the shop " + "is open " * 20 + "today"
+    assert message.endswith("message " + said[:79] + "…")  # one line, cut at 80 characters
+    full = agl_cli("traces", "show", "--db", str(db), run.id, "--full").stdout
+    assert f"message {said}" in full
+
+
+def test_traces_from_a_server_that_is_not_there() -> None:
+    out = agl_cli("traces", "list", "--server", "http://127.0.0.1:9", check=False)
+    assert out.returncode == 1 and out.stderr.startswith("Error: cannot read http://127.0.0.1:9: "), out.stderr
 
 
 # ---------------------------------------------------------------------- export
