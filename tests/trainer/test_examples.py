@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import agl_core as agl
 from agl_core.testing import FakeOpenAI
 from agl_core.worker import TaskClient, Worker
 from agl_trainer.config import ConfigError, load_config, load_tasks
@@ -120,3 +121,49 @@ def test_the_sql_example_through_the_gateway_trains_writer_and_rewriter(gateway_
         assert [t.reward for t in traj.transitions] == [sql_agent.SQL_ERROR_REWARD, None]
         assert {t.token_source for t in traj.transitions} == {"gateway"}
         assert [s.reason for s in traj.skipped] == ["agent 'checker' does not match agent_match 'writer|rewriter'"] * 2
+
+
+# --------------------------------------------------------------------------- agl train on an example's own config
+
+
+def test_agl_train_runs_an_example_config(tmp_path: Path) -> None:
+    """``PYTHONPATH=. agl train examples/openai_client_agent/train.yaml`` with a tiny model built here: one real
+    step, the example's agent leased from the queue, its calls through the gateway, the run's files written."""
+    import os
+    import subprocess
+
+    pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .test_engine import tiny_tokenizer
+    from .test_train import agl_train
+
+    tokenizer = tiny_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "policy")
+    tokenizer.save_pretrained(tmp_path / "policy")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src"), str(ROOT / "trainer")])}
+    overrides = [f"backend.model={tmp_path / 'policy'}", "backend.threads=1", "run.steps=1",
+                 "data.group_size=2", "data.tasks_per_step=1", "workers.count=2", f"run.dir={tmp_path / 'out'}",
+                 f"server.db={tmp_path / 'agl.db'}", "algorithm.max_response_length=64"]
+    args = [*agl_train(), "examples/openai_client_agent/train.yaml", "--quiet"]
+    for item in overrides:
+        args += ["--set", item]
+    result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (step,) = summary["steps"]
+    assert step["rollouts"] == 2 and step["failed_rollouts"] == 0 and step["transitions"] >= 2
+    store = agl.SqliteStore(str(tmp_path / "agl.db"))
+    try:
+        rollouts = store.rollouts()
+        trajectories = store.trajectories()
+    finally:
+        store.close()
+    known = {t["id"] for t in load_tasks(load_config(ROOT / "examples/openai_client_agent/train.yaml",
+                                                     [f"backend.model={tmp_path / 'policy'}"]))}
+    assert len(rollouts) == 2 and all(r.status == "succeeded" and r.task["id"] in known for r in rollouts)
+    assert {t.token_source for traj in trajectories for t in traj.transitions} == {"gateway"}
