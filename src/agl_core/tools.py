@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from agl_core import collector, semconv
-from agl_core.encoding import span_text
+from agl_core.encoding import set_on, span_text
 from agl_core.guard import report
 
 # json.dumps's own spacing, and repr for what it cannot encode: what user-recorded tool spans have always held
@@ -81,7 +81,7 @@ class ToolCall:
                 span.set_attribute(semconv.ERROR_TYPE, "tool_error" if self.status == semconv.TOOL_ERROR else "timeout")
                 span.set_status(Status(StatusCode.ERROR, str(self.result or self.status)))
             if self.result is not None:
-                span.set_attribute(semconv.GEN_AI_TOOL_CALL_RESULT, span_text(self.result, _spaced))
+                set_on(span, {semconv.GEN_AI_TOOL_CALL_RESULT: span_text(self.result, _spaced)})  # redacts
             span.set_attribute(semconv.AGL_TOOL_STATUS, self.status)
             span.end()
             context.detach(self._token)
