@@ -35,6 +35,7 @@ def agl_cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -
     if "FORCE_COLOR" not in (env or {}):
         run_env.pop("FORCE_COLOR", None)
     out = subprocess.run([str(AGL), *args], capture_output=True, text=True, timeout=120, env=run_env)
+    assert "Traceback" not in out.stderr, out.stderr  # errors are one clear line
     if check:
         assert out.returncode == 0, (out.stdout, out.stderr)
     return out
@@ -214,7 +215,8 @@ def test_traces_bad_arguments_name_the_argument(filled: Filled, tmp_path: Path) 
     not_ours = tmp_path / "notes.txt"
     not_ours.write_text("my notes\n")
     out = agl_cli("traces", "list", "--db", str(not_ours), check=False)
-    assert out.returncode == 1 and "is not an agl store" in out.stderr.replace("\n", " "), out.stderr
+    assert out.returncode == 2, out.stderr
+    assert f"Invalid value for '--db': {not_ours} is not an agl store" in out.stderr.replace("\n", " ")
     assert not_ours.read_text() == "my notes\n"
 
 

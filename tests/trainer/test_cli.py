@@ -31,6 +31,7 @@ def agl_cli(*args: str, env: dict[str, str] | None = None, check: bool = True,
     if "AGL_TOKEN" not in (env or {}):
         run_env.pop("AGL_TOKEN", None)
     out = subprocess.run([str(AGL), *args], capture_output=True, text=True, timeout=timeout, env=run_env)
+    assert "Traceback" not in out.stderr, out.stderr  # errors are one clear line
     if check:
         assert out.returncode == 0, (out.stdout, out.stderr)
     return out

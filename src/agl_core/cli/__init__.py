@@ -86,6 +86,14 @@ class LazyGroup(click.Group):
             return None
         return load_command(cmd_name)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        from agl_core.errors import AglError
+
+        try:
+            return super().invoke(ctx)
+        except AglError as exc:  # agl's own errors say what is wrong: one line, never a traceback
+            raise click.ClickException(str(exc)) from None
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # from the table, not from the commands: listing them must not import them
         rows = [(name, entry.about) for name, entry in sorted(COMMANDS.items())]

@@ -45,9 +45,13 @@ def open_store(db: str, server: str | None, token: str | None) -> SqliteStore | 
         raise click.BadParameter(f"no such file: {db}", param_hint="'--db'")
     if os.path.isdir(db):
         raise click.BadParameter(f"is a directory, not an agl store: {db}", param_hint="'--db'")
+    from agl_core.errors import AglError
     from agl_core.store.sqlite import SqliteStore
 
-    return SqliteStore(db)
+    try:
+        return SqliteStore(db)
+    except AglError as exc:  # not an agl store, or one written by a newer agl: the file is left as it was
+        raise click.BadParameter(str(exc), param_hint="'--db'") from None
 
 
 def where(db: str, server: str | None) -> str:
