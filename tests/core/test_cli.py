@@ -166,7 +166,7 @@ def test_worker_keeps_its_options_and_names_bad_ones() -> None:
 
 def _row(stdout: str, rollout_id: str) -> list[str]:
     line = next(line for line in stdout.splitlines() if rollout_id in line)
-    return [cell.strip() for cell in re.split("[│┃]", line.strip("│┃ \n"))]
+    return re.split(r"\s{2,}", line.strip())
 
 
 def test_traces_list_shows_each_rollout(filled: Filled) -> None:
@@ -180,6 +180,16 @@ def test_traces_list_shows_each_rollout(filled: Filled) -> None:
         assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", cells[7]) and cells[8].endswith("ms")
     cells = _row(out, filled.failed)
     assert cells[1:7] == ["broken", "1", "failed", "-", str(len(filled.store.spans(filled.failed))), "2"], cells
+
+
+def test_traces_list_fits_a_narrow_terminal(filled: Filled) -> None:
+    lines = agl_cli("traces", "list", "--db", str(filled.db), env={"COLUMNS": "80"}).stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert lines[1].split() == ["id", "task", "try", "status", "reward", "spans", "trans", "started", "time"]
+    first = lines[2].split()
+    spans = str(len(filled.store.spans(filled.ok[0])))
+    assert first[:7] == [filled.ok[0][:10], "apples-0", "1", "succeeded", "1", spans, "5"]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", first[7])
 
 
 def test_traces_list_filters(filled: Filled) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -70,16 +71,19 @@ def list_rollouts(db: str, server: str | None, token: str | None, task_id: str |
         console.print(f"no rollouts in {escape(where(db, server))}" + (" matching the filters" if task_id or status
                                                                         else ""))
         return
-    table = Table(title=f"rollouts in {escape(where(db, server))}", title_justify="left", header_style="bold")
-    for name, justify in (("id", "left"), ("task", "left"), ("attempt", "right"), ("status", "left"),
-                          ("reward", "right"), ("spans", "right"), ("transitions", "right"), ("started", "left"),
-                          ("duration", "right")):
-        table.add_column(name, justify=justify, no_wrap=name in ("id", "status", "started"))  # type: ignore[arg-type]
+    # below 120 columns: the id's first 10 characters (enough for `agl traces show`), times of day, short headings
+    compact = console.width < 120
+    headings = ("id", "task", "try" if compact else "attempt", "status", "reward", "spans",
+                "trans" if compact else "transitions", "started", "time" if compact else "duration")
+    table = Table(title=f"rollouts in {escape(where(db, server))}", title_justify="left", header_style="bold",
+                  box=None if compact else box.SIMPLE_HEAD, pad_edge=not compact)
+    for i, name in enumerate(headings):
+        table.add_column(name, justify="right" if i in (2, 4, 5, 6, 8) else "left", no_wrap=name != "task")
     for row in rows:
         style = _STATUS_STYLE.get(row["status"], "")
-        table.add_row(row["id"], escape(row["task_id"]), str(row["attempt"]),
+        table.add_row(row["id"][:10] if compact else row["id"], escape(row["task_id"]), str(row["attempt"]),
                       Text(row["status"], style=style), _number(row["reward"]), str(row["spans"]),
-                      str(row["transitions"]), _clock(row["start_time"]), _duration_s(row["duration_s"]))
+                      str(row["transitions"]), _clock(row["start_time"], compact), _duration_s(row["duration_s"]))
     console.print(table)
 
 
@@ -371,8 +375,8 @@ def _duration_s(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def _clock(epoch_s: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_s)) if epoch_s else "-"
+def _clock(epoch_s: float, compact: bool = False) -> str:
+    return time.strftime("%H:%M:%S" if compact else "%Y-%m-%d %H:%M:%S", time.localtime(epoch_s)) if epoch_s else "-"
 
 
 def _number(value: float | None) -> str:
