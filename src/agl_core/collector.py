@@ -71,6 +71,8 @@ def open_buffer(buffer: RolloutBuffer) -> None:
 def close_buffer(buffer: RolloutBuffer) -> list[ReadableSpan]:
     buffer.closed = True
     _open.pop(buffer.rollout_id, None)
+    if not _open:
+        encoding.forget_messages()  # the memos' conversations ended with their rollouts
     return buffer.spans
 
 
@@ -244,15 +246,44 @@ def _finite(value: Any) -> Any:
     return value if math.isfinite(value) else str(value)  # keep the fact without breaking JSON
 
 
-def _plain(value: Any) -> Any:
-    """An attribute value as JSON: sequences (token ids: thousands long) as lists, non-finite floats as text."""
-    if isinstance(value, (tuple, list)):
-        if value and type(value[0]) is float:  # OTel sequences are homogeneous
-            return [_finite(v) if type(v) is float else v for v in value]
-        return list(value)
-    if type(value) is float:
-        return _finite(value)
+_SCALARS = frozenset({str, bool, int, float})
+
+
+def _text(value: str) -> str:
+    """A string that can be stored as UTF-8: lone surrogates (invalid unicode) become U+FFFD."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
     return value
+
+
+def _plain(value: Any) -> Any:
+    """An attribute value as JSON: sequences (token ids: thousands long) as lists, non-finite floats as text.
+
+    agl's own tracer does not police attribute values as the SDK does, so a value OpenTelemetry
+    cannot hold (an object, a dict, a nested list) is recorded as its JSON text, cut and marked as
+    ``encoding.span_text`` does, rather than breaking the rollout's record when it is stored.
+    """
+    kind = type(value)
+    if kind is str:
+        return _text(value)
+    if kind is tuple or kind is list:
+        types = set(map(type, value))
+        if not types <= _SCALARS:
+            return encoding.span_text(value)
+        if float in types:
+            return [_finite(v) if type(v) is float else v for v in value]
+        if str in types:
+            return [_text(v) if type(v) is str else v for v in value]
+        return list(value)
+    if kind is float:
+        return _finite(value)
+    if kind is bool or kind is int or value is None:
+        return value
+    return encoding.span_text(value)
 
 
 def to_record(span: ReadableSpan, rollout_id: str | None = None) -> Span:
@@ -271,7 +302,7 @@ def to_record(span: ReadableSpan, rollout_id: str | None = None) -> Span:
     return Span.trusted(
         span_id=format(ctx.span_id, "016x") if ctx else "",
         trace_id=format(ctx.trace_id, "032x") if ctx else "",
-        name=span.name,
+        name=_text(span.name),
         parent_id=format(parent.span_id, "016x") if parent is not None else None,
         start_ns=span.start_time or 0,
         end_ns=span.end_time or span.start_time or 0,

@@ -98,7 +98,7 @@ class RolloutRun:
         self._tokens = (var_token, ctx_token)
         return self
 
-    def _exit(self, exc: BaseException | None) -> None:
+    def _exit(self, exc: BaseException | None, *, save: bool = True) -> None:
         from opentelemetry import context as otel_context
         from opentelemetry.trace import Status, StatusCode
 
@@ -122,7 +122,7 @@ class RolloutRun:
         r.end_time = time.time()
         r.spans = sorted((collector.to_record(s, r.id) for s in finished), key=lambda s: (s.start_ns, s.end_ns))
         r.rewards = _rewards_of(r)
-        if self.store is not None:
+        if save and self.store is not None:
             self._save()
 
     def _save(self) -> None:
@@ -145,7 +145,13 @@ class RolloutRun:
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._exit(exc)
+        import asyncio
+
+        self._exit(exc, save=False)
+        if self.store is not None:
+            # the store's write (an HTTP post for HttpStore) in a thread: the other coroutines on this
+            # loop, other rollouts among them, run on while it waits
+            await asyncio.to_thread(self._save)
 
     # -- results ----------------------------------------------------------------------
 
@@ -283,6 +289,7 @@ def rollout_fn(
 # --------------------------------------------------------------------------- emit_*
 
 _warned_outside = False
+_FLOAT_MAX = 1.7976931348623157e308  # an int beyond it has no float
 
 
 def _instant_span(name: str, attributes: dict[str, Any]) -> str:
@@ -303,7 +310,7 @@ def emit_reward(value: float, name: str | None = None, *, attributes: dict[str, 
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SchemaError("emit_reward.value", f"must be a number, got {type(value).__name__} {value!r}")
-    if value != value or value in (float("inf"), float("-inf")):
+    if value != value or value in (float("inf"), float("-inf")) or abs(value) > _FLOAT_MAX:
         raise SchemaError("emit_reward.value", f"must be a finite number, got {value!r}")
     if name is not None and (not isinstance(name, str) or not name):
         raise SchemaError("emit_reward.name", f"must be a non-empty string or None, got {name!r}")

@@ -287,6 +287,8 @@ class _Record:
             data = json.loads(text)
         except ValueError as exc:
             raise SchemaError(cls.__name__, f"is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise SchemaError(cls.__name__, f"is nested deeper than {MAX_DEPTH} levels") from None
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:

@@ -86,7 +86,10 @@ def _json_attr(span: Span, key: str) -> Any:
     if raw is None:
         return None
     if isinstance(raw, str):
-        return json.loads(raw)
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise ValueError(f"{key} is nested too deeply to read") from None
     return raw
 
 
@@ -217,7 +220,13 @@ class TransitionBuilder:
 
         rows: list[tuple[_Call, Transition | None]] = []
         for call in calls:
-            rows.append((call, self._transition(call, by_id, rollout_id, task_id, attempt, skipped)))
+            try:
+                built = self._transition(call, by_id, rollout_id, task_id, attempt, skipped)
+            except (TypeError, ValueError, LookupError, AttributeError) as exc:  # a span of another shape
+                skipped.append(Skipped(span_id=call.outer.span_id,
+                                       reason=f"unreadable LLM span: {type(exc).__name__}: {exc}"))
+                built = None
+            rows.append((call, built))
 
         immediate = [sum(c.rewards) if c.rewards else None for c, _ in rows]
         credited = credit_mod.assign(immediate, final, self.credit, self.gamma)

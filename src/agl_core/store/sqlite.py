@@ -339,6 +339,9 @@ class SqliteStore:
                     ) from exc
             except sqlite3.Error as exc:
                 raise self._error(exc) from exc
+            except UnicodeEncodeError as exc:  # rolled back above: nothing stored before is touched
+                raise SchemaError("record", f"holds text that is not valid unicode ({exc.reason}: "
+                                            f"{exc.object[exc.start:exc.end]!r}); nothing was written") from None
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
