@@ -33,7 +33,9 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     write_setup(tmp_path)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "trainer"), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "agl_trainer.cli", "--engine", str(tmp_path / "policy"), "--model", "policy",
+    agl = Path(sys.executable).parent / "agl"  # the real `agl serve`, as a user starts it
+    serve = [str(agl), "serve"] if agl.exists() else [sys.executable, "-m", "agl_trainer.cli"]
+    command = [*serve, "--engine", str(tmp_path / "policy"), "--model", "policy",
                "--port", "0", "--db", str(tmp_path / "server.db"), "--max-batch", "8"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -9,7 +9,9 @@ With the torch backend it starts, in this process: the agl server on
 from the built-in torch engine, ``workers.count`` worker threads (or Ray actors with
 ``workers.ray``) running the agent against the gateway, and the LightningRL loop
 (:class:`agl_trainer.training.Trainer`). With ``server.url`` it trains against an
-``agl serve`` that is already running, over HTTP. With ``backend.name: verl`` it hands
+``agl serve`` that is already running, over HTTP (it first publishes ``backend.model``'s
+weights to it, so the server's engine serves exactly the policy trained here). With
+``backend.name: verl`` it hands
 over to :func:`agl_trainer.verl_backend.launch` (a Ray cluster with GPUs).
 
 It leaves in ``run.dir``: the checkpoint (a second run resumes from it), the reward and
@@ -149,6 +151,10 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
         resumed = config.run.resume and trainer.resume()
         if resumed:
             bar.note(f"agl train: resuming at step {backend.step} from {trainer.config.checkpoint_dir}")
+        elif config.server.url:
+            # a remote server serves what its --engine loaded: from now on it serves exactly the weights trained
+            # here (and a model of another shape fails now, with the names of the tensors that differ)
+            trainer.publish()
 
         def stop(history: list[Any]) -> bool:
             last = history[-1]

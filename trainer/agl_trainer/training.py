@@ -422,10 +422,13 @@ def write_curves(folder: str | os.PathLike[str], history: Sequence[StepResult], 
                                 "final reward": [r.final_reward for r in history]},
                 title=title or "agl train: mean reward per rollout", target=target, ylabel="mean per rollout")
     loss = os.path.join(folder, "loss_curve.png")
-    write_curve(loss, steps, {"loss": [r.metrics.get("loss", 0.0) for r in history],
-                              "kl to reference": [r.metrics.get("kl", 0.0) for r in history],
-                              "approx kl to sampler": [r.metrics.get("approx_kl", 0.0) for r in history]},
-                title=(title + ": loss") if title else "agl train: policy loss", ylabel="per rollout")
+    series = {"loss": [r.metrics.get("loss", 0.0) for r in history],
+              "kl to reference": [r.metrics.get("kl", 0.0) for r in history],
+              "approx kl to sampler": [r.metrics.get("approx_kl", 0.0) for r in history]}
+    if not any(series["kl to reference"]):
+        del series["kl to reference"]  # no reference model (kl_coef 0): a flat line says nothing
+    write_curve(loss, steps, series, title=(title + ": loss") if title else "agl train: policy loss",
+                ylabel="per rollout")
     return reward, loss
 
 

@@ -266,7 +266,7 @@ def launch(config: Config) -> TrainOutcome:
     started = time.monotonic()
     if not ray.is_initialized():
         ray.init(address=config.backend.verl.ray_address, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})
-    runner = ray.remote(num_cpus=1)(_VerlRunner).remote()
+    runner: Any = ray.remote(num_cpus=1)(_VerlRunner).remote()
     steps = ray.get(runner.run.remote(config.model_dump(mode="json"), config.base_dir, verl_cfg, tasks))
     folder = config.path(config.run.dir)
     return TrainOutcome(steps=steps, folder=folder, resumed=False, wall_s=time.monotonic() - started,
