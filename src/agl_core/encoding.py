@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
@@ -188,6 +189,15 @@ def clip(text: str) -> str:
     return text
 
 
+_memos: weakref.WeakSet[MessageMemo] = weakref.WeakSet()
+
+
+def forget_messages() -> None:
+    """Empty every :class:`MessageMemo` (their entries are messages of rollouts that have ended)."""
+    for memo in list(_memos):
+        memo.clear()
+
+
 class MessageMemo:
     """JSON of already-seen messages, keyed by ``key(message)``; ``to_json(message)`` encodes one.
 
@@ -197,6 +207,10 @@ class MessageMemo:
     stale hit; it returns None for a message it cannot key that way, which is then encoded every
     time. Past ``max_chars`` of held JSON the memo starts over. A message whose JSON is empty (it
     stands for no messages) adds nothing to the list.
+
+    What it holds is one conversation's, so :func:`forget_messages` empties every memo when no
+    rollout is open any more (the collector calls it): a long-running worker does not keep the
+    messages of rollouts that have ended.
     """
 
     def __init__(self, key: Callable[[Any], Hashable | None], to_json: Callable[[Any], str],
@@ -205,6 +219,11 @@ class MessageMemo:
         self.to_json = to_json
         self.max_chars = max_chars
         self.entries: dict[Hashable, str] = {}
+        self.chars = 0
+        _memos.add(self)
+
+    def clear(self) -> None:
+        self.entries = {}  # a new dict: an encode() running in another thread keeps the one it holds
         self.chars = 0
 
     def encode(self, messages: Iterable[Any]) -> str:
