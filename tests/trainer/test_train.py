@@ -181,3 +181,16 @@ def test_a_short_run_from_a_config_file_trains_records_and_resumes(tmp_path: Pat
     assert [s["step"] for s in summary["steps"]] == list(range(1, STEPS + 2))
     assert summary["steps"][:STEPS] == steps
     assert "(resumed)" in again.stdout
+
+
+def test_workers_as_ray_actors(tmp_path: Path) -> None:
+    """``workers.ray: local``: the agent runs in Ray actors (a local cluster) against the run's own server."""
+    pytest.importorskip("ray")
+    write_setup(tmp_path, workers={"count": 2, "ray": "local", "actor_cpus": 0.5})
+    result = run(["train.yaml", "--quiet", "--set", "run.steps=1", "--set", "data.group_size=4"], tmp_path, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]
+    assert len(steps) == 1 and steps[0]["rollouts"] == 8 and steps[0]["failed_rollouts"] == 0 and steps[0]["rows"] > 0
+    with sqlite3.connect(tmp_path / "agl.db") as conn:
+        workers = {w for (w,) in conn.execute("SELECT DISTINCT worker_id FROM trainer_attempts")}
+    assert len(workers) == 2  # two actors, each its own worker

@@ -282,7 +282,12 @@ def _start_workers(config: Config, url: str, token: str | None) -> _Workers:
     # the worker's heartbeat can name a lease that finished a moment before as lost: harmless
     logging.getLogger("agl.worker").setLevel(logging.ERROR)
     if w.ray is not None:
+        import ray
+
         from agl_core.worker import run_on_ray
+
+        if not ray.is_initialized():  # here, in the main thread: ray.init installs signal handlers
+            ray.init(address=None if w.ray == "local" else w.ray, log_to_driver=False)
 
         def on_ray() -> None:
             try:
