@@ -47,6 +47,7 @@ def assign(
         return [None] * n
     if method == "final":
         total = sum(r for r in rewards if r is not None) + (final or 0.0)
+        _check_finite(total, rewards, final)
         return [total] * n
     if method == "discounted":
         if not 0.0 <= gamma <= 1.0:
@@ -56,6 +57,13 @@ def assign(
         for t in range(n - 1, -1, -1):
             r = (rewards[t] or 0.0) + ((final or 0.0) if t == n - 1 else 0.0)
             running = r + gamma * running
+            _check_finite(running, rewards, final)
             out_d[t] = running
         return out_d
     raise SchemaError("credit", f"must be 'final', 'discounted' or a function, got {method!r}")
+
+
+def _check_finite(value: float, rewards: Sequence[float | None], final: float | None) -> None:
+    if not math.isfinite(value):
+        raise SchemaError("credit", f"the rewards add up to {value!r} (final {final!r}, steps {list(rewards)!r}): "
+                                    "keep rewards within a float's range")
