@@ -102,3 +102,17 @@ def test_verl_advantage_and_policy_loss_run_on_our_batch() -> None:
     assert torch.isfinite(pg)
     assert float(metrics["actor/pg_clipfrac"]) > 0
     assert agg_loss(data.batch["response_mask"].float(), data.batch["response_mask"], "seq-mean-token-mean") > 0
+
+
+def test_the_recipe_config_in_docs_verl_md_composes_with_verl() -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "verl.md").read_text(encoding="utf-8")
+    block = re.findall(r"```yaml\n(.*?)```", page, re.S)[0]
+    verl_cfg = compose_verl_config(verl_overrides(validate(yaml.safe_load(block))))
+    assert verl_cfg.trainer.nnodes == 2 and verl_cfg.trainer.n_gpus_per_node == 8
+    assert verl_cfg.actor_rollout_ref.rollout.n == 8 and verl_cfg.trainer.project_name == "my-agent"
+    assert verl_cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
