@@ -23,7 +23,8 @@ hung exporter can delay the agent only through the user's own processor (the
 SDK's ``SimpleSpanProcessor`` exports on the caller's thread by design; the
 ``BatchSpanProcessor`` does not). A user span processor that raises when a span
 starts is reported (``guard``) and the span is recorded by agl's own tracer
-instead, so the rollout stays complete.
+instead; one that raises when a span ends is reported and the span still goes
+to its rollout, so the rollout stays complete and the agent never sees either.
 """
 
 from __future__ import annotations
@@ -157,13 +158,24 @@ def _fail_open_tracer(inner: Tracer) -> Tracer:
             if attributes and not encoding.capture_content:
                 attributes = encoding.redact(attributes)
             try:
-                return inner.start_span(name, context, kind, attributes, links, start_time, record_exception,
+                span = inner.start_span(name, context, kind, attributes, links, start_time, record_exception,
                                         set_status_on_exception)
             except Exception as exc:  # noqa: BLE001 - e.g. a user span processor that raises in on_start
                 report("collector.start_span", exc)
                 from agl_core.tracer import LightTracer
 
                 return LightTracer().start_span(name, context, kind, attributes, links, start_time)
+            end = span.end
+
+            def fail_open_end(end_time: int | None = None) -> None:
+                try:
+                    end(end_time)
+                except Exception as exc:  # noqa: BLE001 - a user span processor that raises in on_end
+                    report("collector.span_end", exc)
+                    _deliver(span)  # processors after the raising one never saw it: agl's may be among them
+
+            span.end = fail_open_end  # type: ignore[method-assign]
+            return span
 
         @contextmanager
         def start_as_current_span(self, name: str, context: Any = None,  # type: ignore[override]
@@ -176,6 +188,14 @@ def _fail_open_tracer(inner: Tracer) -> Tracer:
                 yield current
 
     return FailOpenTracer()
+
+
+def _deliver(span: Any) -> None:
+    """Put an ended span in its rollout's buffer unless agl's processor already did (it appends last)."""
+    attrs = span.attributes
+    buffer = _open.get(str(attrs.get(semconv.AGL_ROLLOUT_ID))) if attrs else None
+    if buffer is not None and (not buffer.spans or buffer.spans[-1] is not span):
+        buffer.spans.append(span)
 
 
 def _refresh(global_provider: Any) -> Tracer:

@@ -296,11 +296,16 @@ class BlockingExporter(SpanExporter):
 
 
 class RaisingProcessor(SpanProcessor):
+    def __init__(self, on: str) -> None:
+        self.on = on
+
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        raise RuntimeError("processor on_start")
+        if self.on in ("start", "both"):
+            raise RuntimeError("processor on_start")
 
     def on_end(self, span: ReadableSpan) -> None:
-        raise RuntimeError("processor on_end")
+        if self.on in ("end", "both"):
+            raise RuntimeError("processor on_end")
 
 
 @contextlib.contextmanager
@@ -365,19 +370,28 @@ def test_a_blocking_exporter_does_not_hold_the_agent() -> None:
         provider.shutdown()
 
 
-def test_a_raising_user_processor_never_reaches_the_agent() -> None:
+@pytest.mark.parametrize("on", ["start", "end", "both"])
+def test_a_raising_user_processor_never_reaches_the_agent_and_the_rollout_stays_complete(on: str) -> None:
+    """A user processor added before agl's raises: the SDK stops its chain there, agl still gets every span."""
     provider = TracerProvider()
-    provider.add_span_processor(RaisingProcessor())
+    provider.add_span_processor(RaisingProcessor(on))
     guard.reset_fault_counts()
     with _with_user_provider(provider):
         with FakeOpenAI(script=["Paris."]) as srv:
-            with agl.rollout("raising-processor"):
+            with agl.rollout("raising-processor") as run:
                 r = _client(srv).chat.completions.create(model="m", messages=USER)
+                with agl.tool_call("lookup", arguments={"q": 1}) as call:
+                    call.result = "ok"
+                agl.emit_reward(1.0)
             assert r.choices[0].message.content == "Paris."
             with FakeOpenAI(status=500) as failing:
                 with pytest.raises(openai.InternalServerError):
                     _client(failing).chat.completions.create(model="m", messages=USER)
-    assert guard.fault_counts(), "the processor's faults were swallowed without a report"
+    assert sorted(s.name for s in run.rollout.spans) == ["agl.reward", "agl.rollout raising-processor", "chat m",
+                                                          "execute_tool lookup"]
+    assert run.rollout.status == "succeeded" and run.trajectory().reward == 1.0
+    counts = guard.fault_counts()
+    assert counts and set(counts) <= {"collector.start_span", "collector.span_end"}, counts
     guard.reset_fault_counts()
 
 
