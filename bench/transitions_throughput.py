@@ -383,7 +383,7 @@ def _profile(one_pass: Any, name: str) -> None:
 
 
 def _run_side(side: str, python: str, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [python, os.path.abspath(__file__), "--side", side, "--rollouts", str(args.rollouts),
+    cmd = [os.path.abspath(python), os.path.abspath(__file__), "--side", side, "--rollouts", str(args.rollouts),
            "--repeats", str(args.repeats), "--seed", str(args.seed)]
     cmd += (["--numeric-results"] if args.numeric_results else []) + (["--profile"] if args.profile else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")]))
