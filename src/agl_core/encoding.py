@@ -35,9 +35,10 @@ records what it can, with a marker where it had to cut or replace:
   UTF-8.
 
 Message attributes are never truncated: a cut prompt would train the wrong
-thing. NaN and infinities inside messages encode as JSON's ``NaN``/``Infinity``
-extensions and are turned into text by ``collector.to_record``'s rules only for
-attribute values themselves; rewards reject them with a ``SchemaError``.
+thing. NaN and infinities inside an encoded value are written as JSON's common
+``NaN``/``Infinity`` extensions (Python's ``json`` reads them back); as attribute
+values of their own they become the text ``"nan"``/``"inf"`` in agl's records
+(``collector.to_record``), and as rewards they are refused with ``SchemaError``.
 """
 
 from __future__ import annotations
