@@ -120,6 +120,10 @@ def test_the_server_serves_its_document(live: ServerThread) -> None:
     ("POST", "/v1/tasks", {"tasks": [{"task": 1}], "max_attempts": 2**63}, "max_attempts"),
     ("POST", "/v1/tasks", {"tasks": [{"task": 1}], "repeat": 10**9}, "repeat"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": {}}]}, "messages[0].role"),
+    ("POST", "/v1/rollouts", {"id": "r", "task_id": "t", "attempt": 2**70}, "Rollout.attempt"),
+    ("POST", "/v1/rollouts", {"id": "r", "task_id": "t", "spans": [
+        {"span_id": "a", "trace_id": "b", "name": "n", "start_ns": 2**70, "end_ns": 2**70}]},
+     "Rollout.spans[0].start_ns"),
 ])
 def test_what_schemathesis_found_is_a_400_naming_the_field(live: ServerThread, method: str, path: str, body: Any,
                                                           param: str) -> None:

@@ -468,6 +468,7 @@ class TrainerServer:
         data = read_object(await read_json(request, self.config.max_body_bytes))
         lease_id = request.query_params.get("lease_id") or None
         rollout = Rollout.from_dict(data)
+        _check_stored_ints(rollout.spans, "Rollout.spans", rollout.attempt)
         if lease_id is not None and rollout.status == "running":
             raise ApiError(400, "'status' of a leased task's rollout must be finished (succeeded, failed, timeout "
                                 "or cancelled), got 'running'", "Rollout.status")
@@ -546,6 +547,7 @@ class TrainerServer:
                 spans.append(Span.from_dict(item))
             except SchemaError as exc:
                 raise SchemaError(f"spans[{i}]{exc.field[len('Span'):]}", exc.problem) from None
+        _check_stored_ints(spans, "spans")
         rollout_id = request.path_params["rollout_id"]
         if await run_in_threadpool(lambda: self.store.get_rollout(rollout_id, with_spans=False)) is None:
             raise ApiError(404, f"no rollout {rollout_id!r} to add spans to; post the rollout first", "rollout_id")
@@ -564,6 +566,15 @@ class TrainerServer:
                                   "rollout_ids": q.getlist("rollout_id") or None}
         items = await run_in_threadpool(lambda: self.store.trajectories(**kwargs))
         return _json({"trajectories": [t.to_dict() for t in items]})
+
+
+def _check_stored_ints(spans: list[Span], where: str, attempt: int | None = None) -> None:
+    """The integers the store keeps in SQLite columns must fit them (an OverflowError deep in the store otherwise)."""
+    if attempt is not None and not -_MAX_INT <= attempt <= _MAX_INT:
+        raise SchemaError("Rollout.attempt", f"must fit in 64 bits, got {attempt}")
+    for i, span in enumerate(spans):
+        if not -_MAX_INT <= span.start_ns <= _MAX_INT:
+            raise SchemaError(f"{where}[{i}].start_ns", f"must fit in 64 bits, got {span.start_ns}")
 
 
 def _check_matches(rollout: Rollout, task_id: str, attempt: int) -> None:
