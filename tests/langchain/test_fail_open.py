@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 import types
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +27,13 @@ from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 
 import agl_core as agl
 from agl_core import collector, guard
@@ -202,3 +210,83 @@ def test_a_fault_in_any_hook_function_never_changes_what_the_agent_gets(
         return
     assert hits, f"the agent never reached {fault_id(fault)}: list it in NOT_ON_PATH or reach it"
     check_reported(caplog)
+
+
+# --------------------------------------------------------------------------- the user's provider misbehaves
+
+
+class _Exporter(SpanExporter):
+    """An exporter whose backend raises, or never answers (until the test lets it go)."""
+
+    def __init__(self, blocks: bool) -> None:
+        self.blocks = blocks
+        self.release = threading.Event()
+
+    def export(self, spans: Any) -> SpanExportResult:
+        if self.blocks:
+            self.release.wait(60)
+            return SpanExportResult.SUCCESS
+        raise ConnectionError("collector unreachable")
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+class _RaisingProcessor(SpanProcessor):
+    def __init__(self, on: str) -> None:
+        self.on = on
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.on == "start":
+            raise RuntimeError("processor on_start")
+
+    def on_end(self, span: Any) -> None:
+        if self.on == "end":
+            raise RuntimeError("processor on_end")
+
+
+PROVIDER_FAULTS = ["processor raises on start", "processor raises on end", "exporter raises", "exporter blocks"]
+
+
+@pytest.mark.parametrize("fault", PROVIDER_FAULTS)
+def test_a_misbehaving_user_provider_never_reaches_the_agent(baseline: Any, fault: str) -> None:
+    """With a user SDK provider whose processor raises (before agl's, so the SDK stops its chain there) or
+    whose exporter raises or never answers: the agent gets the same, and agl's rollout is as complete."""
+    good = baseline[0] if isinstance(baseline, tuple) else baseline
+    with FakeOpenAI(script=SCRIPT_FOR_PROVIDER) as srv:
+        plain_names = sorted(s.name for s in _last_rollout(srv))
+    provider = TracerProvider()
+    exporter = _Exporter(blocks=fault == "exporter blocks")
+    if fault.startswith("processor"):
+        provider.add_span_processor(_RaisingProcessor(fault.split()[-1]))
+    elif fault == "exporter raises":
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    else:
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1, max_export_batch_size=1))
+    collector.use_provider(provider)
+    try:
+        with FakeOpenAI(script=SCRIPT_FOR_PROVIDER) as srv:
+            assert agent(srv) == good
+        with FakeOpenAI(script=SCRIPT_FOR_PROVIDER) as srv:
+            assert sorted(s.name for s in _last_rollout(srv)) == plain_names  # no span lost
+    finally:
+        collector.use_provider(None)
+        exporter.release.set()
+        provider.shutdown()
+    if fault.startswith("processor"):
+        assert set(guard.fault_counts()) <= {"collector.start_span", "collector.span_end"}, guard.fault_counts()
+        assert guard.fault_counts()
+
+
+def _last_rollout(srv: FakeOpenAI) -> list[Any]:
+    spans: list[Any] = []
+
+    def grab() -> None:
+        spans.append(collector.current_rollout.get())
+
+    agent(srv, during=grab)
+    buffer = spans[0]
+    return [collector.to_record(s) for s in buffer.spans]
+
+
+SCRIPT_FOR_PROVIDER = SCRIPT
