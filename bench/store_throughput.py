@@ -319,8 +319,9 @@ def main() -> None:
 
     results = [run_agl(args)]
     if args.peer_python:
-        cmd = [os.path.abspath(args.peer_python), os.path.abspath(__file__), "--side", "peer", "--writers", str(args.writers),
-               "--readers", str(args.readers), "--peer-rollouts", str(args.peer_rollouts), "--pool", str(args.pool)]
+        cmd = [os.path.abspath(args.peer_python), os.path.abspath(__file__), "--side", "peer",
+               "--writers", str(args.writers), "--readers", str(args.readers),
+               "--peer-rollouts", str(args.peer_rollouts), "--pool", str(args.pool)]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
         proc = subprocess.run(cmd, input=_peer_spans_json(args), capture_output=True, text=True, env=env)
