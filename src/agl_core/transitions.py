@@ -269,12 +269,14 @@ class TransitionBuilder:
             skipped.append(Skipped(span_id=outer.span_id, reason=f"unreadable message attribute: {exc}"))
             return None
         prompt_ids, response_ids, logprobs, source = call.tokens()
+        if any(s.status == "error" for s in call.spans):
+            # a failed call may carry what arrived before it broke (a stream cut mid-way): that
+            # partial text stays on the span for debugging, never in a transition
+            error = call.first(semconv.ERROR_TYPE) or outer.status_message or "error"
+            skipped.append(Skipped(span_id=outer.span_id, reason=f"the call failed ({error}): no response to train on"))
+            return None
         if not raw_out and response_ids is None:
-            if any(s.status == "error" for s in call.spans):
-                error = call.first(semconv.ERROR_TYPE) or outer.status_message or "error"
-                reason = f"the call failed ({error}): no response to train on"
-            else:
-                reason = "no response recorded (content capture off, or the call never finished)"
+            reason = "no response recorded (content capture off, or the call never finished)"
             skipped.append(Skipped(span_id=outer.span_id, reason=reason))
             return None
         response = from_genai(raw_out[0]) if raw_out else {"role": "assistant", "content": None}
@@ -354,8 +356,8 @@ def _first_json(call: _Call, key: str) -> Any:
 
 def _first_finish(call: _Call) -> Any:
     reasons = call.first(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
-    if isinstance(reasons, list) and reasons:
-        return reasons[0]
+    if isinstance(reasons, (list, tuple)):
+        return reasons[0] if reasons else None  # an empty list is "no reason", never the text '[]'
     return reasons
 
 

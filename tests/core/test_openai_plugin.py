@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import openai
@@ -22,6 +25,7 @@ from agl_core import collector, encoding, guard, semconv
 from agl_core.messages import many_to_genai
 from agl_core.openai_client import OpenAIInstrumentor, attributes
 from agl_core.testing import FakeOpenAI, render_prompt, tokenize
+from agl_core.transitions import TransitionBuilder
 
 USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_TOOL: ChatCompletionFunctionToolParam = {
@@ -303,7 +307,7 @@ def test_stream_left_early_through_its_context_manager_ends_the_span(
         next(stream)
         assert exporter.get_finished_spans() == ()
     span = _only_span(exporter)
-    assert span.status.status_code is StatusCode.UNSET
+    _assert_unfinished(span, "StreamClosedUnfinished")  # left before the answer finished: not trainable
     assert (span.attributes or {})[semconv.AGL_PROMPT_TOKEN_IDS] == tuple(tokenize(render_prompt(USER)))
 
 
@@ -311,7 +315,7 @@ def test_stream_closed_early_ends_the_span(exporter: InMemorySpanExporter, serve
     stream = _client(server).chat.completions.create(**_stream_kwargs())
     next(stream)
     stream.close()
-    _only_span(exporter)
+    _assert_unfinished(_only_span(exporter), "StreamClosedUnfinished")
 
 
 def test_stream_dropped_unfinished_does_not_leak_its_span(exporter: InMemorySpanExporter, server: FakeOpenAI) -> None:
@@ -319,7 +323,146 @@ def test_stream_dropped_unfinished_does_not_leak_its_span(exporter: InMemorySpan
     next(stream)
     del stream
     gc.collect()
-    _only_span(exporter)
+    _assert_unfinished(_only_span(exporter), "StreamClosedUnfinished")
+
+
+def test_stream_read_to_the_end_is_not_an_error(exporter: InMemorySpanExporter, server: FakeOpenAI) -> None:
+    with _client(server).chat.completions.create(**_stream_kwargs()) as stream:
+        for _ in stream:
+            pass
+    span = _only_span(exporter)
+    assert span.status.status_code is StatusCode.UNSET and semconv.ERROR_TYPE not in (span.attributes or {})
+
+
+def _assert_unfinished(span: ReadableSpan, error_type: str) -> None:
+    assert span.status.status_code is StatusCode.ERROR
+    assert "before the model finished its answer" in (span.status.description or "")
+    assert (span.attributes or {})[semconv.ERROR_TYPE] == error_type
+
+
+# --------------------------------------------------------------------------- streams that break
+
+
+_HEL = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": None}]}
+
+
+@contextlib.contextmanager
+def _breaking_server(mode: str) -> Iterator[str]:
+    """A model server that streams one chunk ("Hel") and then breaks, as ``mode`` says.
+
+    ``cut``: drops the connection inside the chunked body (an engine that crashed);
+    ``error``: an SSE error event (what agl's gateway sends when its backend dies);
+    ``eof``: ends the body cleanly with no finish_reason and no ``[DONE]``.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            pass
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self._chunk(f"data: {json.dumps(_HEL)}\n\n".encode())
+            if mode == "error":
+                self._chunk(b'event: error\ndata: {"error": {"message": "backend died", "type": "x"}}\n\n')
+                self._chunk(b"data: [DONE]\n\n")
+            if mode != "cut":
+                self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+_BREAKS = [("cut", openai.APIConnectionError, "APIConnectionError"),
+           ("error", openai.APIError, "APIError"),
+           ("eof", None, "StreamEndedUnfinished")]
+
+
+def _assert_failed_call(span: ReadableSpan, error_type: str) -> None:
+    """A failed call: status error and error.type, the partial text kept, and no transition built from it."""
+    assert span.status.status_code is StatusCode.ERROR
+    assert (span.attributes or {})[semconv.ERROR_TYPE] == error_type
+    assert _json(span, semconv.GEN_AI_OUTPUT_MESSAGES)[0]["parts"] == [{"type": "text", "content": "Hel"}]
+    traj = TransitionBuilder().build_from_spans([collector.to_record(span)], rollout_id="r", task_id="t")
+    assert traj.transitions == []
+    assert [s.reason for s in traj.skipped] == [f"the call failed ({error_type}): no response to train on"]
+
+
+@pytest.mark.parametrize(("mode", "raises", "error_type"), _BREAKS)
+def test_a_stream_that_breaks_is_a_failed_call(exporter: InMemorySpanExporter, mode: str,
+                                               raises: type[Exception] | None, error_type: str) -> None:
+    with _breaking_server(mode) as url:
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        received: list[str] = []
+        with contextlib.ExitStack() as stack:
+            if raises is not None:
+                stack.enter_context(pytest.raises(raises))
+            for c in client.chat.completions.create(model="m", messages=USER, stream=True):
+                received.append(c.choices[0].delta.content or "")
+    assert received == ["Hel"]
+    _assert_failed_call(_only_span(exporter), error_type)
+
+
+@pytest.mark.parametrize(("mode", "raises", "error_type"), _BREAKS)
+async def test_an_async_stream_that_breaks_is_a_failed_call(exporter: InMemorySpanExporter, mode: str,
+                                                            raises: type[Exception] | None, error_type: str) -> None:
+    with _breaking_server(mode) as url:
+        client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
+        received: list[str] = []
+        with contextlib.ExitStack() as stack:
+            if raises is not None:
+                stack.enter_context(pytest.raises(raises))
+            async for c in await client.chat.completions.create(model="m", messages=USER, stream=True):
+                received.append(c.choices[0].delta.content or "")
+        await client.close()
+    assert received == ["Hel"]
+    _assert_failed_call(_only_span(exporter), error_type)
+
+
+@pytest.mark.parametrize(("mode", "raises", "error_type"), _BREAKS)
+def test_a_stream_helper_that_breaks_is_a_failed_call(exporter: InMemorySpanExporter, mode: str,
+                                                      raises: type[Exception] | None, error_type: str) -> None:
+    with _breaking_server(mode) as url:
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        with contextlib.ExitStack() as stack:
+            if raises is not None:
+                stack.enter_context(pytest.raises(raises))
+            with client.chat.completions.stream(model="m", messages=USER) as stream:
+                for _ in stream:
+                    pass
+    _assert_failed_call(_only_span(exporter), error_type)
+
+
+@pytest.mark.parametrize(("mode", "raises", "error_type"), _BREAKS)
+async def test_an_async_stream_helper_that_breaks_is_a_failed_call(
+    exporter: InMemorySpanExporter, mode: str, raises: type[Exception] | None, error_type: str
+) -> None:
+    with _breaking_server(mode) as url:
+        client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
+        with contextlib.ExitStack() as stack:
+            if raises is not None:
+                stack.enter_context(pytest.raises(raises))
+            async with client.chat.completions.stream(model="m", messages=USER) as stream:
+                async for _ in stream:
+                    pass
+        await client.close()
+    _assert_failed_call(_only_span(exporter), error_type)
 
 
 def test_stream_helper_goes_through_the_hook(exporter: InMemorySpanExporter, server: FakeOpenAI) -> None:

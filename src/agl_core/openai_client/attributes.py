@@ -284,6 +284,10 @@ class StreamAccumulator:
             if logprobs:
                 acc.logprobs.extend(logprobs)
 
+    def finished(self) -> bool:
+        """Every choice seen has its ``finish_reason`` (and at least one choice was seen)."""
+        return bool(self.choices) and all(c.finish_reason for c in self.choices.values())
+
     def attributes(self) -> Attributes:
         attrs: Attributes = {}
         if self.model:

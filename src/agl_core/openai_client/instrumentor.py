@@ -9,7 +9,10 @@ sync, async and streaming calls alike:
 - ``create(stream=True)`` returns a ``Stream``/``AsyncStream``; we hand back a
   ``wrapt.ObjectProxy`` of it (``isinstance`` still holds) that folds the chunks
   and ends the span when the stream is exhausted, closed, leaves its ``with``
-  block, raises (recorded as an error), or is garbage collected unfinished.
+  block, raises, or is garbage collected unfinished. A stream that raised (an
+  SSE error event, a cut connection) or stopped before every choice had a
+  ``finish_reason`` is recorded as a failed call (status error, ``error.type``),
+  its partial text kept on the span for debugging; transitions skip it.
 - ``client.chat.completions.stream(...)`` looks up ``resource.create`` at call
   time and calls it with ``stream=True``, so it goes through the same hook. Its
   ``ChatCompletionStream`` closes the HTTP response itself rather than our
@@ -107,6 +110,21 @@ def _end_with_error(span: trace.Span, exc: BaseException) -> None:
         report("openai.error", fault)
 
 
+STREAM_ENDED_UNFINISHED = "StreamEndedUnfinished"
+"""``error.type`` of a stream whose server stopped sending before every choice had a ``finish_reason``."""
+STREAM_CLOSED_UNFINISHED = "StreamClosedUnfinished"
+"""``error.type`` of a stream closed, left or dropped by its caller before every choice had a ``finish_reason``."""
+
+
+def _end_unfinished(span: trace.Span, error_type: str, message: str) -> None:
+    try:
+        span.set_attribute(semconv.ERROR_TYPE, error_type)
+        span.set_status(Status(StatusCode.ERROR, message))
+        span.end()
+    except Exception as fault:  # noqa: BLE001
+        report("openai.error", fault)
+
+
 def _one_shot(value: Any) -> bool:
     """An iterable that may not survive being read twice (a generator, an iterator, a view of unknown kind)."""
     return hasattr(value, "__iter__") and not isinstance(value, (list, tuple, str, bytes, Mapping))
@@ -190,7 +208,13 @@ class _StreamSpan:
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("openai.stream_chunk", exc)
 
-    def end(self, exc: BaseException | None = None) -> None:
+    def end(self, exc: BaseException | None = None, exhausted: bool = False) -> None:
+        """End the span with what arrived (kept for debugging even when partial).
+
+        A stream that raised, or that stopped before every choice had a ``finish_reason``
+        (the server ended it early, or the caller closed, left or dropped it), is a failed
+        call: status error with ``error.type``, so no transition is built from its partial text.
+        """
         if self.done:
             return
         self.done = True
@@ -200,6 +224,19 @@ class _StreamSpan:
             report("openai.stream_end", fault)
         if exc is not None:
             _end_with_error(self.span, exc)
+            return
+        try:
+            finished = self.acc.finished()
+        except Exception as fault:  # noqa: BLE001
+            report("openai.stream_end", fault)
+            finished = True
+        if not finished:
+            if exhausted:
+                _end_unfinished(self.span, STREAM_ENDED_UNFINISHED,
+                                "the stream ended before the model finished its answer (no finish_reason)")
+            else:
+                _end_unfinished(self.span, STREAM_CLOSED_UNFINISHED,
+                                "the stream was closed before the model finished its answer (no finish_reason)")
             return
         try:
             self.span.end()
@@ -242,7 +279,7 @@ class SyncStreamProxy(_Proxy):
         try:
             chunk = self.__wrapped__.__next__()
         except StopIteration:
-            state.end()
+            state.end(exhausted=True)
             raise
         except BaseException as exc:
             state.end(exc)
@@ -291,7 +328,7 @@ class AsyncStreamProxy(_Proxy):
         try:
             chunk = await self.__wrapped__.__anext__()
         except StopAsyncIteration:
-            state.end()
+            state.end(exhausted=True)
             raise
         except BaseException as exc:
             state.end(exc)
