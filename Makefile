@@ -75,5 +75,17 @@ test-%: .venvs/%/.agl-installed
 
 test: test-core $(addprefix test-,$(PLUGIN_SUITES))
 
+# The dashboard's browser tests drive Debian's chromium (offline, headless): installed here when missing,
+# as root (CI runs as root on a fresh Debian machine); otherwise the tests fail naming what to install.
+CHROMIUM ?= /usr/bin/chromium
+.PHONY: chromium
+chromium:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "make test-dashboard: no $(CHROMIUM); install Debian's chromium (apt-get install chromium)" >&2; fi; \
+	fi
+test-dashboard: chromium
+
 clean:
 	rm -rf $(VENV) .venvs build dist dists/*/dist
