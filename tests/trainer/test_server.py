@@ -354,3 +354,87 @@ def test_bad_requests_to_the_task_and_store_routes_name_the_field(fake: FakeOpen
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
     assert TaskClient(srv.url).counts()["queued"] == 1  # nothing already stored is lost
+
+
+def _fill(store: Any, n: int) -> None:
+    """``n`` finished rollouts (some at the same start time, one still running) with 0 to 2 transitions each."""
+    for i in range(n):
+        rid, task = f"r{i:03d}", f"t{i % 3}"
+        steps = [agl.Transition(rollout_id=rid, task_id=task, index=k, prompt=[{"role": "user", "content": f"{i}"}],
+                                response={"role": "assistant", "content": f"{i}.{k}"}) for k in range(i % 3)]
+        rollout = agl.Rollout(id=rid, task_id=task, status="running" if i == 5 else "succeeded",
+                              start_time=float(i // 4))  # four rollouts share each start time
+        store.put_rollout(rollout, None if i == 5 else agl.Trajectory(rollout_id=rid, task_id=task,
+                                                                      transitions=steps))
+
+
+def _walk(url: str, path: str, key: str, limit: int, **query: Any) -> list[Any]:
+    items: list[Any] = []
+    after = None
+    for _ in range(1000):
+        params = {**query, "limit": limit, **({"after": after} if after is not None else {})}
+        page = httpx.get(url + path, params=params, timeout=30).json()
+        assert len(page[key]) <= limit
+        items.extend(page[key])
+        after = page["next"]
+        if after is None:
+            return items
+    raise AssertionError("the cursor never ended")
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 7, 100])
+def test_listings_come_in_pages_that_add_up_to_the_whole(fake: FakeOpenAI, make_server: ServerFactory,
+                                                         limit: int) -> None:
+    srv = make_server(fake)
+    local = srv.server.store
+    _fill(local, 30)
+    TaskClient(srv.url).enqueue([{"n": i} for i in range(11)], task_ids=[f"q{i:02d}" for i in range(11)])
+    assert [r["id"] for r in _walk(srv.url, "/v1/rollouts", "rollouts", limit)] == [r.id for r in local.rollouts()]
+    assert [r["id"] for r in _walk(srv.url, "/v1/rollouts", "rollouts", limit, status="succeeded", since=2, until=6)] \
+        == [r.id for r in local.rollouts(status="succeeded", since=2, until=6)]
+    for query in ({}, {"task_id": "t2"}, {"rollout_id": "r014"}):
+        got = _walk(srv.url, "/v1/transitions", "transitions", limit, **query)
+        assert [agl.Transition.from_dict(t) for t in got] == local.transitions(**query)
+    for query in ({}, {"task_id": "t1", "status": "succeeded"}, {"rollout_id": ["r020", "r003", "r005"]}):
+        got = _walk(srv.url, "/v1/trajectories", "trajectories", limit, **query)
+        kwargs = {("rollout_ids" if k == "rollout_id" else k): v for k, v in query.items()}
+        assert [agl.Trajectory.from_dict(t) for t in got] == local.trajectories(**kwargs)
+    assert [t["task_id"] for t in _walk(srv.url, "/v1/tasks", "tasks", limit)] == [f"q{i:02d}" for i in range(11)]
+
+
+def test_a_listing_answers_the_default_page_and_refuses_bad_limits_and_cursors(fake: FakeOpenAI,
+                                                                                make_server: ServerFactory) -> None:
+    from agl_trainer.paging import DEFAULT_LIMIT, MAX_LIMIT
+
+    srv = make_server(fake)
+    TaskClient(srv.url).enqueue([{"n": i} for i in range(DEFAULT_LIMIT + 5)])
+    page = httpx.get(srv.url + "/v1/tasks", timeout=30).json()
+    assert len(page["tasks"]) == DEFAULT_LIMIT and page["next"] == page["tasks"][-1]["task_id"]
+    rest = httpx.get(srv.url + "/v1/tasks", params={"after": page["next"], "limit": MAX_LIMIT}, timeout=30).json()
+    assert len(rest["tasks"]) == 5 and rest["next"] is None
+    for path in ("/v1/tasks", "/v1/rollouts", "/v1/transitions", "/v1/trajectories"):
+        for limit in ("0", str(MAX_LIMIT + 1), "ten"):
+            r = httpx.get(srv.url + path, params={"limit": limit}, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
+        r = httpx.get(srv.url + path, params={"after": "no such cursor"}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "after", r.text
+        assert "'next' of the page before" in r.json()["error"]["message"]
+
+
+def test_http_store_follows_the_cursor_to_the_end(fake: FakeOpenAI, make_server: ServerFactory,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from agl_core.store import http
+
+    srv = make_server(fake)
+    local = srv.server.store
+    _fill(local, 30)
+    monkeypatch.setattr(http, "LISTING_PAGE", 4)
+    store = agl.HttpStore(srv.url)
+    assert store.rollouts() == local.rollouts()
+    assert store.rollouts(limit=9, status="succeeded") == local.rollouts(limit=9, status="succeeded")
+    assert store.rollouts(limit=0) == []
+    assert store.transitions() == local.transitions() and len(local.transitions()) > 4
+    assert store.transitions(task_id="t1") == local.transitions(task_id="t1")
+    assert store.trajectories() == local.trajectories()
+    with pytest.raises(ValueError, match="limit must be a non-negative integer"):
+        store.rollouts(limit=-1)

@@ -374,10 +374,13 @@ class TaskQueue:
             ]
         return info
 
-    def tasks(self, *, state: str | None = None, group_id: str | None = None, limit: int | None = None
-              ) -> list[TaskInfo]:
-        """Tasks in queue order, filtered by state and group."""
+    def tasks(self, *, state: str | None = None, group_id: str | None = None, limit: int | None = None,
+              after: str | None = None) -> list[TaskInfo]:
+        """Tasks in queue order, filtered by state and group; with ``after``, only those queued after that task."""
         clauses, params = [], []
+        if after is not None:
+            clauses.append("seq > COALESCE((SELECT seq FROM trainer_tasks WHERE task_id = ?), -1)")
+            params.append(after)
         if state is not None:
             if state not in STATES:
                 raise SchemaError("state", f"must be one of {', '.join(STATES)}, got {state!r}")

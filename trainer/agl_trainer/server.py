@@ -17,6 +17,9 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
   expired and moved on gets 409, so an attempt's result is never stored twice.
 - ``GET /v1/rollouts``, ``GET /v1/rollouts/{id}``, ``GET|POST /v1/rollouts/{id}/spans``,
   ``GET /v1/transitions``, ``GET /v1/trajectories``: the read side of core's ``Store``.
+- The listings (``GET /v1/tasks``, ``/v1/rollouts``, ``/v1/transitions``, ``/v1/trajectories``) are
+  paged: ``limit`` (default 1000, at most 10000) and ``after=<the previous page's next>``; each
+  answer has ``next``, null on the last page (:mod:`agl_trainer.paging`).
 - ``GET /v1/model``; ``POST /v1/model`` ``{"version", "weights"?}``: the trainer announces weights.
 - ``POST /v1/metrics`` ``{"step", "values": {name: number}}``; ``GET /v1/metrics``: training curves by step.
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
@@ -63,6 +66,7 @@ from agl_trainer.dashboard import OPEN_PATHS as DASHBOARD_FILES
 from agl_trainer.dashboard import Dashboard
 from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
+from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
 from agl_trainer.token_records import TokenRecords, keep_joined
 
@@ -405,10 +409,19 @@ class TrainerServer:
 
     async def list_tasks(self, request: Request) -> Response:
         q = request.query_params
-        limit = _int_param(q, "limit")
-        tasks = await run_in_threadpool(lambda: self.queue.tasks(state=q.get("state"), group_id=q.get("group_id"),
-                                                                 limit=limit))
-        return _json({"tasks": [t.to_dict() for t in tasks]})
+        limit = limit_param(q)
+        after = q.get("after")
+
+        def page() -> list[Any]:
+            if after is not None and self.queue.get(after) is None:
+                raise ApiError(400, f"query parameter 'after' is not a cursor of this listing: {after[:200]!r} "
+                                    "(pass the 'next' of the page before)", "after")
+            return self.queue.tasks(state=q.get("state"), group_id=q.get("group_id"), limit=limit + 1, after=after)
+
+        tasks = await run_in_threadpool(page)
+        more = len(tasks) > limit
+        tasks = tasks[:limit]
+        return _json({"tasks": [t.to_dict() for t in tasks], "next": tasks[-1].task_id if more else None})
 
     async def get_task(self, request: Request) -> Response:
         task_id = request.path_params["task_id"]
@@ -520,9 +533,10 @@ class TrainerServer:
         statuses = _status_param(q)
         kwargs: dict[str, Any] = {"task_id": q.get("task_id"), "status": statuses,
                                   "since": _float_param(q, "since"), "until": _float_param(q, "until"),
-                                  "limit": _int_param(q, "limit"), "with_spans": _bool_param(q, "with_spans")}
-        rollouts = await run_in_threadpool(lambda: self.store.rollouts(**kwargs))
-        return _json({"rollouts": [r.to_dict() for r in rollouts]})
+                                  "with_spans": _bool_param(q, "with_spans")}
+        limit, after = limit_param(q), q.get("after")
+        rollouts, cursor = await run_in_threadpool(lambda: rollouts_page(self.store, after, limit, **kwargs))
+        return _json({"rollouts": [r.to_dict() for r in rollouts], "next": cursor})
 
     async def get_rollout(self, request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
@@ -556,16 +570,18 @@ class TrainerServer:
 
     async def list_transitions(self, request: Request) -> Response:
         q = request.query_params
-        items = await run_in_threadpool(lambda: self.store.transitions(rollout_id=q.get("rollout_id"),
-                                                                       task_id=q.get("task_id")))
-        return _json({"transitions": [t.to_dict() for t in items]})
+        limit, after = limit_param(q), q.get("after")
+        items, cursor = await run_in_threadpool(lambda: transitions_page(
+            self.store, after, limit, rollout_id=q.get("rollout_id"), task_id=q.get("task_id")))
+        return _json({"transitions": [t.to_dict() for t in items], "next": cursor})
 
     async def list_trajectories(self, request: Request) -> Response:
         q = request.query_params
         kwargs: dict[str, Any] = {"task_id": q.get("task_id"), "status": _status_param(q),
                                   "rollout_ids": q.getlist("rollout_id") or None}
-        items = await run_in_threadpool(lambda: self.store.trajectories(**kwargs))
-        return _json({"trajectories": [t.to_dict() for t in items]})
+        limit, after = limit_param(q), q.get("after")
+        items, cursor = await run_in_threadpool(lambda: trajectories_page(self.store, after, limit, **kwargs))
+        return _json({"trajectories": [t.to_dict() for t in items], "next": cursor})
 
 
 def _check_stored_ints(spans: list[Span], where: str, attempt: int | None = None) -> None:
@@ -600,19 +616,6 @@ def _number(body: dict[str, Any], name: str, default: float, *, high: float = ma
         raise ApiError(400, f"'{name}' must be a {'positive' if low_exclusive else 'non-negative'} number{bound}, "
                             f"got {json.dumps(value)[:40]}", name)
     return float(value)
-
-
-def _int_param(q: Any, name: str) -> int | None:
-    raw = q.get(name)
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, f"query parameter '{name}' must be an integer, got {raw!r}", name) from None
-    if not 0 <= value <= _MAX_INT:
-        raise ApiError(400, f"query parameter '{name}' must be an integer from 0 to 2**63 - 1, got {value}", name)
-    return value
 
 
 def _status_param(q: Any) -> list[str] | None:

@@ -6,7 +6,8 @@ joins the gateway's token records to its LLM spans, builds the transitions with
 its own ``TransitionBuilder`` and stores both; the trajectory built on this
 side is not sent, since the server's has the exact token ids. Reads
 (``rollouts``, ``spans``, ``transitions``, ``trajectories``, ``export``) ask the
-server and come back as the same records a ``SqliteStore`` gives.
+server and come back as the same records a ``SqliteStore`` gives; a listing comes
+page by page (``limit`` and the ``after`` cursor), all of it followed here.
 
 Only the standard library is used (``http.client``, one keep-alive connection
 per thread), so ``import agl_core`` stays free of HTTP libraries. A call that
@@ -38,6 +39,9 @@ from agl_core.store.base import EXPORT_FORMATS, EXPORT_WHATS
 
 if TYPE_CHECKING:
     from agl_core.store.base import TrajectoryBuilder
+
+LISTING_PAGE = 1000
+"""Items asked for per page of the server's listings (the server's default page; its maximum is 10000)."""
 
 __all__ = ["HttpStore", "ServerClient", "ServerError"]
 
@@ -233,10 +237,11 @@ class HttpStore:
         limit: int | None = None,
         with_spans: bool = False,
     ) -> list[Rollout]:
-        query = {"task_id": task_id, "status": _statuses(status), "since": since, "until": until, "limit": limit,
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
+        query = {"task_id": task_id, "status": _statuses(status), "since": since, "until": until,
                  "with_spans": _flag(with_spans)}
-        _, data = self.client.request("GET", "/v1/rollouts", query=query)
-        return [Rollout.from_dict(r) for r in data["rollouts"]]
+        return [Rollout.from_dict(r) for r in self._listing("/v1/rollouts", "rollouts", query, limit)]
 
     def spans(self, rollout_id: str) -> list[Span]:
         _check_id(rollout_id, "rollout_id")
@@ -244,8 +249,8 @@ class HttpStore:
         return [Span.from_dict(s) for s in data["spans"]]
 
     def transitions(self, *, rollout_id: str | None = None, task_id: str | None = None) -> list[Transition]:
-        _, data = self.client.request("GET", "/v1/transitions", query={"rollout_id": rollout_id, "task_id": task_id})
-        return [Transition.from_dict(t) for t in data["transitions"]]
+        query = {"rollout_id": rollout_id, "task_id": task_id}
+        return [Transition.from_dict(t) for t in self._listing("/v1/transitions", "transitions", query)]
 
     def trajectories(
         self,
@@ -259,8 +264,7 @@ class HttpStore:
         ids = [rollout_ids] if isinstance(rollout_ids, str) else (list(rollout_ids) if rollout_ids else None)
         if builder is None:
             query = {"task_id": task_id, "status": _statuses(status), "rollout_id": ids}
-            _, data = self.client.request("GET", "/v1/trajectories", query=query)
-            return [Trajectory.from_dict(t) for t in data["trajectories"]]
+            return [Trajectory.from_dict(t) for t in self._listing("/v1/trajectories", "trajectories", query)]
         if not callable(getattr(builder, "build", None)):
             raise TypeError(f"builder must have a build(rollout) method, got {type(builder).__name__}")
         if ids is None:
@@ -299,6 +303,19 @@ class HttpStore:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
         return count
+
+    def _listing(self, path: str, key: str, query: Mapping[str, Any], limit: int | None = None) -> list[Any]:
+        """Every item of one of the server's paged listings (at most ``limit``), following its ``next`` cursor."""
+        items: list[Any] = []
+        after: str | None = None
+        while limit is None or len(items) < limit:
+            size = LISTING_PAGE if limit is None else min(LISTING_PAGE, limit - len(items))
+            _, data = self.client.request("GET", path, query={**query, "limit": size, "after": after})
+            items.extend(data[key])
+            after = data.get("next")  # absent from a server that answers everything at once
+            if after is None:
+                break
+        return items
 
     def _export_lines(self, what: str) -> Iterator[str]:
         if what == "transitions":
