@@ -7,6 +7,9 @@ every error status a route can give (all errors have the OpenAI shape, see
 :mod:`agl_trainer.api`). The record types (``Rollout``, ``Span``,
 ``Transition``, ``Trajectory``) are core's own JSON Schema
 (``agl_core/schemas/agl.v1.schema.json``), so the two cannot drift apart.
+The listings are paged (:mod:`agl_trainer.paging`); the dashboard's two JSON
+routes (``/v1/dashboard/rollouts``, ``/v1/stats``) are documented too, its page
+and static files are not.
 ``tests/scale/test_openapi.py`` checks the document against the live server
 with schemathesis, and that every route of the app is in it.
 """
@@ -18,6 +21,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from agl_trainer import dashboard
+from agl_trainer.paging import DEFAULT_LIMIT, MAX_LIMIT
 from agl_trainer.queue import MAX_TASKS_PER_CALL
 
 __all__ = ["openapi_document", "openapi_json"]
@@ -218,7 +223,45 @@ def _path(name: str) -> Schema:
 
 
 _BOOL = {"type": "boolean"}
-_LIMIT = {"type": "integer", "minimum": 0, "maximum": SQLITE_MAX_INT}
+_PAGE_PARAMS = [
+    _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+           f"Items in this page: {DEFAULT_LIMIT} unless given, at most {MAX_LIMIT}."),
+    _query("after", _STRING, "The next of the page before: this page starts after it. A cursor this "
+                             "listing never gave is a 400."),
+]
+
+
+def _page(key: str, item: Schema) -> Schema:
+    """One page of a listing: its items under ``key`` and the cursor of the next page."""
+    return _json(_obj({key: {"type": "array", "items": item},
+                       "next": {**_nullable(_STRING), "description": "Pass as after for the next page; null on the "
+                                                                    "last page (a non-null next may lead to an "
+                                                                    "empty last page)."}},
+                      (key, "next")))
+
+
+_DASHBOARD_ROLLOUT = _obj({
+    "id": _STRING, "task_id": _STRING, "attempt": {"type": "integer"}, "status": {"enum": _ROLLOUT_STATUSES},
+    "start_time": {"type": "number"}, "end_time": _nullable({"type": "number"}),
+    "final_reward": _nullable({"type": "number"}), "error": _nullable(_STRING), "spans": _COUNT,
+}, ("id", "task_id", "attempt", "status", "start_time", "end_time", "final_reward", "error", "spans"))
+
+_BY_STATUS = {"type": "object", "propertyNames": {"enum": _ROLLOUT_STATUSES}, "additionalProperties": _COUNT}
+
+_AGENT_STATS = _obj({
+    "agent": _nullable(_STRING), "rollouts": _COUNT, "llm_calls": _COUNT, "llm_errors": _COUNT,
+    "tool_calls": _COUNT, "tool_errors": _COUNT,
+    "llm_error_rate": {"type": "number", "minimum": 0, "maximum": 1},
+    "tool_error_rate": {"type": "number", "minimum": 0, "maximum": 1},
+}, ("agent", "rollouts", "llm_calls", "llm_errors", "tool_calls", "tool_errors", "llm_error_rate",
+    "tool_error_rate"))
+
+_STATS = _obj({
+    "agents": {"type": "array", "items": _AGENT_STATS},
+    "window": _obj({"last": _COUNT, "rollouts": _COUNT, "reward_mean": _nullable({"type": "number"})},
+                   ("last", "rollouts", "reward_mean")),
+    "rollouts": _obj({"total": _COUNT, "by_status": _BY_STATUS}, ("total", "by_status")),
+}, ("agents", "window", "rollouts"))
 
 
 def _paths() -> dict[str, Any]:
@@ -231,10 +274,10 @@ def _paths() -> dict[str, Any]:
                         {201: _json(_obj({"task_ids": {"type": "array", "items": _STRING}}, ("task_ids",)),
                                     "The new task ids, in queue order.")},
                         body=_body(_ENQUEUE), errors=(503,)),
-            "get": _op("Tasks in queue order, filtered by state and group.",
-                       {200: _json(_obj({"tasks": {"type": "array", "items": _ref("TaskInfo")}}, ("tasks",)))},
-                       params=[_query("state", {"enum": _TASK_STATES}), _query("group_id", _STRING),
-                               _query("limit", {**_LIMIT, "minimum": 1})], errors=(400, 503)),
+            "get": _op("One page of the tasks in queue order, filtered by state and group (cursor: a task id).",
+                       {200: _page("tasks", _ref("TaskInfo"))},
+                       params=[_query("state", {"enum": _TASK_STATES}), _query("group_id", _STRING), *_PAGE_PARAMS],
+                       errors=(400, 503)),
         },
         "/v1/tasks/lease": {"post": _op(
             "Lease the oldest queued task as its next attempt, waiting up to wait_s seconds for one.",
@@ -263,11 +306,11 @@ def _paths() -> dict[str, Any]:
                         body=_body(_ref("Rollout")),
                         params=[_query("lease_id", _STRING, "The lease this rollout is the result of.")],
                         errors=(409, 503)),
-            "get": _op("Stored rollouts, oldest first.",
-                       {200: _json(_obj({"rollouts": {"type": "array", "items": _ref("Rollout")}}, ("rollouts",)))},
+            "get": _op("One page of the stored rollouts, oldest first (cursor: a rollout id).",
+                       {200: _page("rollouts", _ref("Rollout"))},
                        params=[_query("task_id", _STRING), _query("status", {"enum": _ROLLOUT_STATUSES}, array=True),
                                _query("since", {"type": "number"}), _query("until", {"type": "number"}),
-                               _query("limit", _LIMIT), _query("with_spans", _BOOL)], errors=(400, 503)),
+                               _query("with_spans", _BOOL), *_PAGE_PARAMS], errors=(400, 503)),
         },
         "/v1/rollouts/{rollout_id}": {"get": _op(
             "One rollout, with its spans unless with_spans=false.", {200: _json(_ref("Rollout"))},
@@ -282,14 +325,32 @@ def _paths() -> dict[str, Any]:
                         params=[_path("rollout_id")], errors=(404, 503)),
         },
         "/v1/transitions": {"get": _op(
-            "Stored transitions, by rollout or task.",
-            {200: _json(_obj({"transitions": {"type": "array", "items": _ref("Transition")}}, ("transitions",)))},
-            params=[_query("rollout_id", _STRING), _query("task_id", _STRING)], errors=(503,))},
+            "One page of the stored transitions, by rollout or task, in rollout order then trajectory order.",
+            {200: _page("transitions", _ref("Transition"))},
+            params=[_query("rollout_id", _STRING), _query("task_id", _STRING), *_PAGE_PARAMS], errors=(400, 503))},
         "/v1/trajectories": {"get": _op(
-            "Stored trajectories (transitions with rewards), by task, status or rollout ids.",
-            {200: _json(_obj({"trajectories": {"type": "array", "items": _ref("Trajectory")}}, ("trajectories",)))},
+            "One page of the stored trajectories (transitions with rewards), by task, status or rollout ids "
+            "(cursor: a rollout id).",
+            {200: _page("trajectories", _ref("Trajectory"))},
             params=[_query("task_id", _STRING), _query("status", {"enum": _ROLLOUT_STATUSES}, array=True),
-                    _query("rollout_id", _STRING, array=True)], errors=(400, 503))},
+                    _query("rollout_id", _STRING, array=True), *_PAGE_PARAMS], errors=(400, 503))},
+        "/v1/dashboard/rollouts": {"get": _op(
+            "The dashboard's table: one page of rollout summaries, newest first, and the counts by status.",
+            {200: _json(_obj({"data": {"type": "array", "items": _DASHBOARD_ROLLOUT}, "total": _COUNT,
+                              "offset": _COUNT, "limit": _COUNT, "counts": _BY_STATUS},
+                             ("data", "total", "offset", "limit", "counts")))},
+            params=[_query("status", {"enum": _ROLLOUT_STATUSES}, array=True),
+                    _query("limit", {"type": "integer", "minimum": 0, "maximum": dashboard.MAX_PAGE, "default": 25}),
+                    _query("offset", {"type": "integer", "minimum": 0, "maximum": SQLITE_MAX_INT, "default": 0})],
+            errors=(400, 503))},
+        "/v1/stats": {"get": _op(
+            "The dashboard's stats: LLM and tool calls per agent (the nearest gen_ai.agent.name) and the mean "
+            "final reward over the newest last rollouts; all rollouts by status.",
+            {200: _json(_STATS)},
+            params=[_query("last", {"type": "integer", "minimum": 0, "maximum": dashboard.MAX_STATS_WINDOW,
+                                    "default": dashboard.DEFAULT_STATS_WINDOW},
+                           "How many of the newest rollouts the agents' calls are counted over.")],
+            errors=(400, 503))},
         "/v1/model": {
             "get": _op("The current model version, its weights and the served model's name.", {200: _json(_MODEL)}),
             "post": _op("Announce new weights: the backend swaps them in, then calls are recorded under version.",

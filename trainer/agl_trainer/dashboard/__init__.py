@@ -59,10 +59,12 @@ _HEADERS = {
 }
 
 _STATUSES: tuple[str, ...] = get_args(RolloutStatus)
-_MAX_PAGE = 500
+MAX_PAGE = 500
+"""The most rollouts ``GET /v1/dashboard/rollouts`` answers in one page."""
 DEFAULT_STATS_WINDOW = 1000
 """``GET /v1/stats`` counts the agents' calls over this many newest rollouts unless ``?last=`` says otherwise."""
-_MAX_STATS_WINDOW = 1_000_000
+MAX_STATS_WINDOW = 1_000_000
+"""The largest ``?last=`` ``GET /v1/stats`` accepts."""
 _TOOL_FAILURES = (semconv.TOOL_ERROR, semconv.TOOL_EXCEPTION, semconv.TOOL_TIMEOUT)
 
 
@@ -102,7 +104,7 @@ class Dashboard:
             if status not in _STATUSES:
                 raise ApiError(400, f"query parameter 'status' must be one of {', '.join(_STATUSES)}; "
                                     f"got {status!r}", "status")
-        limit = _int(q, "limit", 25, high=_MAX_PAGE)
+        limit = _int(q, "limit", 25, high=MAX_PAGE)
         offset = _int(q, "offset", 0, high=2**63 - 1)  # SQLite's integers end there
         page = await run_in_threadpool(self.rollouts_page, statuses, limit, offset)
         return _json(page)
@@ -128,7 +130,7 @@ class Dashboard:
     # ------------------------------------------------------------------ stats
 
     async def get_stats(self, request: Request) -> Response:
-        last = _int(request.query_params, "last", DEFAULT_STATS_WINDOW, high=_MAX_STATS_WINDOW)
+        last = _int(request.query_params, "last", DEFAULT_STATS_WINDOW, high=MAX_STATS_WINDOW)
         return _json(await run_in_threadpool(self.stats, last))
 
     def stats(self, last: int = DEFAULT_STATS_WINDOW) -> dict[str, Any]:
