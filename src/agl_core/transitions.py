@@ -136,6 +136,8 @@ class _Call:
             a = span.attributes
             if a.get(semconv.AGL_RESPONSE_TOKEN_IDS) is None or a.get(semconv.AGL_PROMPT_TOKEN_IDS) is None:
                 continue
+            if span.status == "error":
+                continue  # a request that failed (a stream cut mid-way) has no trainable ids
             rank = _SOURCE_RANK.get(str(a.get(semconv.AGL_TOKEN_SOURCE)), 0)
             if rank > best_rank:
                 best, best_rank = span, rank
@@ -145,12 +147,23 @@ class _Call:
         """The spans to read content from: the token span first, so text and ids describe the same request.
 
         A framework's span may hold a post-processed reply (crewai cuts replies at stop words on the
-        client side) while the client span below it saw what the model really generated.
+        client side) while the client span below it saw what the model really generated. Failed
+        spans come last: a retried request's broken first try must not lend its partial text.
         """
         if self._ordered is None:
             best = self.token_span()
-            self._ordered = [best, *(s for s in self.spans if s is not best)] if best is not None else self.spans
+            rest = [s for s in self.spans if s is not best]
+            rest.sort(key=lambda s: s.status == "error")  # stable: otherwise in start order
+            self._ordered = [best, *rest] if best is not None else rest
         return self._ordered
+
+    def failed(self) -> bool:
+        """The request failed: its outermost span, or every span of it, ended in an error.
+
+        An inner failure under a successful outer span (a framework's retry) is not the call's.
+        """
+        errors = sum(s.status == "error" for s in self.spans)
+        return errors > 0 and (self.outer.status == "error" or errors == len(self.spans))
 
     def tokens(self) -> tuple[list[int] | None, list[int] | None, list[float] | None, str | None]:
         best = self.token_span()
@@ -269,7 +282,7 @@ class TransitionBuilder:
             skipped.append(Skipped(span_id=outer.span_id, reason=f"unreadable message attribute: {exc}"))
             return None
         prompt_ids, response_ids, logprobs, source = call.tokens()
-        if any(s.status == "error" for s in call.spans):
+        if call.failed():
             # a failed call may carry what arrived before it broke (a stream cut mid-way): that
             # partial text stays on the span for debugging, never in a transition
             error = call.first(semconv.ERROR_TYPE) or outer.status_message or "error"

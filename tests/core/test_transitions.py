@@ -219,3 +219,29 @@ def test_tool_message_keeps_its_name() -> None:
 
     msg = {"role": "tool", "tool_call_id": "c1", "name": "calc", "content": "4"}
     assert from_genai(to_genai(msg)) == msg
+
+
+def _broken(s: Span) -> Span:
+    """``s`` as a request that broke after part of its answer arrived (the openai plugin keeps that text)."""
+    s.status = "error"  # type: ignore[assignment]
+    s.attributes[semconv.ERROR_TYPE] = "APIConnectionError"
+    return s
+
+
+def test_a_failed_call_with_partial_text_is_skipped_not_trained_on() -> None:
+    root = agent("solver")
+    cut = _broken(llm(root, "2+2?", "Hel", ids=True))
+    traj = TransitionBuilder().build(rollout(root, cut, reward(1.0)))
+    assert traj.transitions == []
+    assert [s.reason for s in traj.skipped] == ["the call failed (APIConnectionError): no response to train on"]
+
+
+def test_a_retry_that_succeeded_under_one_framework_span_is_the_call_and_not_its_broken_first_try() -> None:
+    root = agent("solver")
+    outer = llm(root, "2+2?", "4", plugin="langchain")
+    del outer.attributes[semconv.GEN_AI_OUTPUT_MESSAGES]  # the framework recorded no reply of its own
+    first = _broken(llm(outer, "2+2?", "Hel", ids=True, source="gateway"))
+    second = llm(outer, "2+2?", "4", ids=True)
+    traj = TransitionBuilder().build(rollout(root, outer, first, second, reward(1.0)))
+    (t,) = traj.transitions
+    assert t.response["content"] == "4" and t.span_id == outer.span_id and t.token_source == "response"
