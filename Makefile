@@ -23,6 +23,8 @@ export OMP_NUM_THREADS := 1
 unexport PYTHONHASHSEED
 
 .PHONY: help demo trace-demo test test-core install clean
+# The venv stamps are files make builds on the way to test-%: keep them, or every run reinstalls every venv.
+.SECONDARY:
 
 help:
 	@echo "make demo         set up .venvs/trainer and train a LangChain agent with RL on the CPU (agl demo)"
