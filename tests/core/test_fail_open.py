@@ -14,26 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import sqlite3
-import threading
 import time
-import types
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SimpleSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
 import agl_core as agl
 from agl_core import collector, encoding, guard, semconv
@@ -41,6 +33,15 @@ from agl_core.errors import StoreError
 from agl_core.openai_client import OpenAIInstrumentor, attributes
 from agl_core.openai_client import instrumentor as openai_instrumentor
 from agl_core.testing import FakeOpenAI
+from agl_core.testing.faults import (
+    blocking_exporter,
+    check_reported,
+    fault_id,
+    hook_faults,
+    inject,
+    raising_exporter,
+    raising_processor,
+)
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
@@ -51,38 +52,6 @@ SCRIPT = ["Paris.", "Paris, streamed.",
 
 
 # --------------------------------------------------------------------------- the faults, by introspection
-
-
-def hook_faults(attrs_module: types.ModuleType, instrumentor_module: types.ModuleType) -> list[tuple[Any, str]]:
-    """(owner, name) of every agl function a plugin's hooks call, for ``monkeypatch.setattr(owner, name, boom)``.
-
-    The attributes module's own functions, its classes' methods and the agl helpers it imports; the
-    agl_core helpers the instrumentor imports by name (``set_on``, ...); ``collector.tracer``. Fault
-    reporting itself (``agl_core.guard``) and the hook wrappers are not faults that a hook calls.
-    """
-    found: list[tuple[Any, str]] = []
-    for name, value in vars(attrs_module).items():
-        if inspect.isclass(value) and value.__module__ == attrs_module.__name__:
-            found += [(value, m) for m, f in vars(value).items() if inspect.isfunction(f)]
-        elif _agl_callable(value):
-            found.append((attrs_module, name))
-    for name, value in vars(instrumentor_module).items():
-        if _agl_callable(value) and value.__module__ not in (instrumentor_module.__name__, attrs_module.__name__):
-            found.append((instrumentor_module, name))
-    found.append((collector, "tracer"))
-    return found
-
-
-def _agl_callable(value: Any) -> bool:
-    if not (inspect.isfunction(value) or inspect.ismethod(value)):
-        return False
-    module = getattr(value, "__module__", "") or ""
-    return module.startswith("agl_") and module != guard.__name__
-
-
-def fault_id(fault: tuple[Any, str]) -> str:
-    owner, name = fault
-    return f"{getattr(owner, '__qualname__', None) or owner.__name__}.{name}"
 
 
 FAULTS = hook_faults(attributes, openai_instrumentor)
@@ -178,41 +147,6 @@ def _baseline() -> tuple[list[Any], tuple[type[BaseException], str]]:
     return good, bad
 
 
-def _raiser(*args: Any, **kwargs: Any) -> Any:
-    """The body every faulty hook function gets (its ``__code__``): counts the call, then raises.
-
-    It runs with the patched function's globals, so it reaches the counter through builtins.
-    """
-    __agl_fault_hits__.append(1)  # type: ignore[name-defined]  # noqa: F821
-    raise RuntimeError("agl-injected-fault")
-
-
-def inject(monkeypatch: pytest.MonkeyPatch, fault: tuple[Any, str], hits: list[int]) -> Callable[[], None]:
-    """Arm ``fault``; returns the arming function (run it where the fault must start).
-
-    A plain function gets the raising body in place (``__code__``), so every reference to it fails,
-    including ones bound at import time (a memo's key function, a class's method); a closure or a
-    bound method is replaced by name in the namespace that holds it.
-    """
-    import builtins
-
-    monkeypatch.setattr(builtins, "__agl_fault_hits__", hits, raising=False)
-    owner, name = fault
-    target = getattr(owner, name) if not inspect.isclass(owner) else vars(owner)[name]
-
-    def arm() -> None:
-        if inspect.isfunction(target) and not target.__code__.co_freevars:
-            monkeypatch.setattr(target, "__code__", _raiser.__code__)
-        else:
-            def boom(*args: Any, **kwargs: Any) -> Any:
-                hits.append(1)
-                raise RuntimeError("agl-injected-fault")
-
-            monkeypatch.setattr(owner, name, boom)
-
-    return arm
-
-
 @pytest.mark.parametrize("fault", FAULTS, ids=fault_id)
 def test_a_fault_in_any_hook_function_never_changes_what_the_agent_gets(
         plugin: TracerProvider | None, fault: tuple[Any, str], monkeypatch: pytest.MonkeyPatch,
@@ -235,11 +169,7 @@ def test_a_fault_in_any_hook_function_never_changes_what_the_agent_gets(
     monkeypatch.undo()
 
     assert hits, f"the agent never reached {fault_id(fault)}: this case tests nothing"
-    counts = guard.fault_counts()
-    assert sum(counts.values()) >= 1, "the fault was swallowed without being reported"
-    logged = [r for r in caplog.records if r.name == "agl" and "error in" in r.getMessage()]
-    assert sorted(r.args[0] for r in logged) == sorted(counts), "each faulty site is logged exactly once"  # type: ignore[index]
-    assert any("agl-injected-fault" in r.getMessage() for r in logged)
+    check_reported(caplog)
 
 
 def test_a_fault_is_logged_once_and_counted(caplog: pytest.LogCaptureFixture) -> None:
@@ -267,47 +197,6 @@ def test_a_fault_is_logged_once_and_counted(caplog: pytest.LogCaptureFixture) ->
 # --------------------------------------------------------------------------- the user's provider misbehaves
 
 
-class RaisingExporter(SpanExporter):
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.calls += 1
-        raise ConnectionError("collector unreachable")
-
-    def shutdown(self) -> None:
-        return None
-
-
-class BlockingExporter(SpanExporter):
-    """An exporter whose backend never answers (until the test lets it go)."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.entered = threading.Event()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.entered.set()
-        self.release.wait(60)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        self.release.set()
-
-
-class RaisingProcessor(SpanProcessor):
-    def __init__(self, on: str) -> None:
-        self.on = on
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        if self.on in ("start", "both"):
-            raise RuntimeError("processor on_start")
-
-    def on_end(self, span: ReadableSpan) -> None:
-        if self.on in ("end", "both"):
-            raise RuntimeError("processor on_end")
-
-
 @contextlib.contextmanager
 def _with_user_provider(provider: TracerProvider | None) -> Iterator[None]:
     saved = collector._t.explicit
@@ -328,7 +217,7 @@ def test_a_raising_exporter_changes_nothing(caplog: pytest.LogCaptureFixture) ->
     with FakeOpenAI(script=SCRIPT) as srv:
         expected = agent(srv)  # agl's own tracer: no exporter at all
     provider = TracerProvider()
-    exporter = RaisingExporter()
+    exporter = raising_exporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with _with_user_provider(provider):
         with FakeOpenAI(script=SCRIPT) as srv:
@@ -351,7 +240,7 @@ def test_a_blocking_exporter_does_not_hold_the_agent() -> None:
         return time.monotonic() - started, run
 
     provider = TracerProvider()
-    exporter = BlockingExporter()  # each export waits 60 s for a backend that never answers
+    exporter = blocking_exporter()  # each export waits 60 s for a backend that never answers
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1, max_export_batch_size=1))
     try:
         with FakeOpenAI(script=SCRIPT) as srv:
@@ -374,7 +263,7 @@ def test_a_blocking_exporter_does_not_hold_the_agent() -> None:
 def test_a_raising_user_processor_never_reaches_the_agent_and_the_rollout_stays_complete(on: str) -> None:
     """A user processor added before agl's raises: the SDK stops its chain there, agl still gets every span."""
     provider = TracerProvider()
-    provider.add_span_processor(RaisingProcessor(on))
+    provider.add_span_processor(raising_processor(on))
     guard.reset_fault_counts()
     with _with_user_provider(provider):
         with FakeOpenAI(script=["Paris."]) as srv:

@@ -12,10 +12,7 @@ once and counted. Functions that this agent cannot reach are listed in
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-import threading
-import types
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,92 +24,20 @@ from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from opentelemetry import trace
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SimpleSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
 
 import agl_core as agl
 from agl_core import collector, guard
 from agl_core.testing import FakeOpenAI
+from agl_core.testing.faults import (
+    PROVIDER_FAULTS,
+    check_misbehaving_provider,
+    check_reported,
+    fault_id,
+    hook_faults,
+    inject,
+)
 from agl_langchain import attributes
 from agl_langchain import instrumentor as plugin_instrumentor
-
-# --------------------------------------------------------------------------- the faults, by introspection
-# (the same helpers in every suite's test_fail_open.py: each suite runs in its own environment)
-
-
-def hook_faults(attrs_module: types.ModuleType, instrumentor_module: types.ModuleType) -> list[tuple[Any, str]]:
-    """(owner, name) of every agl function the plugin's hooks call.
-
-    The attributes module's own functions, its classes' methods and the agl helpers it imports; the
-    agl_core helpers the instrumentor imports by name (``set_on``, ...); ``collector.tracer``. Fault
-    reporting itself (``agl_core.guard``) and the hook wrappers are not faults that a hook calls.
-    """
-    found: list[tuple[Any, str]] = []
-    for name, value in vars(attrs_module).items():
-        if inspect.isclass(value) and value.__module__ == attrs_module.__name__:
-            found += [(value, m) for m, f in vars(value).items() if inspect.isfunction(f)]
-        elif _agl_callable(value):
-            found.append((attrs_module, name))
-    for name, value in vars(instrumentor_module).items():
-        if _agl_callable(value) and value.__module__ not in (instrumentor_module.__name__, attrs_module.__name__):
-            found.append((instrumentor_module, name))
-    found.append((collector, "tracer"))
-    return found
-
-
-def _agl_callable(value: Any) -> bool:
-    if not (inspect.isfunction(value) or inspect.ismethod(value)):
-        return False
-    module = getattr(value, "__module__", "") or ""
-    return module.startswith("agl_") and module != guard.__name__
-
-
-def fault_id(fault: tuple[Any, str]) -> str:
-    owner, name = fault
-    return f"{getattr(owner, '__qualname__', None) or owner.__name__}.{name}"
-
-
-def _raiser(*args: Any, **kwargs: Any) -> Any:
-    """The body a faulty function gets (its ``__code__``): counts the call through builtins, then raises."""
-    __agl_fault_hits__.append(1)  # type: ignore[name-defined]  # noqa: F821
-    raise RuntimeError("agl-injected-fault")
-
-
-def inject(monkeypatch: pytest.MonkeyPatch, fault: tuple[Any, str], hits: list[int]) -> Callable[[], None]:
-    """The function that arms ``fault``: a plain function gets the raising body in place, so every
-    reference to it fails (ones bound at import time too); a closure or bound method is replaced by name."""
-    import builtins
-
-    monkeypatch.setattr(builtins, "__agl_fault_hits__", hits, raising=False)
-    owner, name = fault
-    target = vars(owner)[name] if inspect.isclass(owner) else getattr(owner, name)
-
-    def arm() -> None:
-        if inspect.isfunction(target) and not target.__code__.co_freevars:
-            monkeypatch.setattr(target, "__code__", _raiser.__code__)
-        else:
-            def boom(*args: Any, **kwargs: Any) -> Any:
-                hits.append(1)
-                raise RuntimeError("agl-injected-fault")
-
-            monkeypatch.setattr(owner, name, boom)
-
-    return arm
-
-
-def check_reported(caplog: pytest.LogCaptureFixture) -> None:
-    """Each faulty site was logged exactly once, naming the injected fault, and counted."""
-    counts = guard.fault_counts()
-    assert sum(counts.values()) >= 1, "the fault was swallowed without being reported"
-    logged = [r for r in caplog.records if r.name == "agl" and "error in" in r.getMessage()]
-    assert sorted(r.args[0] for r in logged) == sorted(counts), "each faulty site is logged exactly once"  # type: ignore[index]
-    assert any("agl-injected-fault" in r.getMessage() for r in logged)
-
 
 FAULTS = hook_faults(attributes, plugin_instrumentor)
 NOT_ON_PATH = {
@@ -215,78 +140,12 @@ def test_a_fault_in_any_hook_function_never_changes_what_the_agent_gets(
 # --------------------------------------------------------------------------- the user's provider misbehaves
 
 
-class _Exporter(SpanExporter):
-    """An exporter whose backend raises, or never answers (until the test lets it go)."""
-
-    def __init__(self, blocks: bool) -> None:
-        self.blocks = blocks
-        self.release = threading.Event()
-
-    def export(self, spans: Any) -> SpanExportResult:
-        if self.blocks:
-            self.release.wait(60)
-            return SpanExportResult.SUCCESS
-        raise ConnectionError("collector unreachable")
-
-    def shutdown(self) -> None:
-        self.release.set()
-
-
-class _RaisingProcessor(SpanProcessor):
-    def __init__(self, on: str) -> None:
-        self.on = on
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        if self.on == "start":
-            raise RuntimeError("processor on_start")
-
-    def on_end(self, span: Any) -> None:
-        if self.on == "end":
-            raise RuntimeError("processor on_end")
-
-
-PROVIDER_FAULTS = ["processor raises on start", "processor raises on end", "exporter raises", "exporter blocks"]
-
-
 @pytest.mark.parametrize("fault", PROVIDER_FAULTS)
 def test_a_misbehaving_user_provider_never_reaches_the_agent(baseline: Any, fault: str) -> None:
     """With a user SDK provider whose processor raises (before agl's, so the SDK stops its chain there) or
     whose exporter raises or never answers: the agent gets the same, and agl's rollout is as complete."""
     good = baseline[0] if isinstance(baseline, tuple) else baseline
-    with FakeOpenAI(script=SCRIPT_FOR_PROVIDER) as srv:
-        plain_names = sorted(s.name for s in _last_rollout(srv))
-    provider = TracerProvider()
-    exporter = _Exporter(blocks=fault == "exporter blocks")
-    if fault.startswith("processor"):
-        provider.add_span_processor(_RaisingProcessor(fault.split()[-1]))
-    elif fault == "exporter raises":
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-    else:
-        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1, max_export_batch_size=1))
-    collector.use_provider(provider)
-    try:
-        with FakeOpenAI(script=SCRIPT_FOR_PROVIDER) as srv:
-            assert agent(srv) == good
-        with FakeOpenAI(script=SCRIPT_FOR_PROVIDER) as srv:
-            assert sorted(s.name for s in _last_rollout(srv)) == plain_names  # no span lost
-    finally:
-        collector.use_provider(None)
-        exporter.release.set()
-        provider.shutdown()
-    if fault.startswith("processor"):
-        assert set(guard.fault_counts()) <= {"collector.start_span", "collector.span_end"}, guard.fault_counts()
-        assert guard.fault_counts()
-
-
-def _last_rollout(srv: FakeOpenAI) -> list[Any]:
-    spans: list[Any] = []
-
-    def grab() -> None:
-        spans.append(collector.current_rollout.get())
-
-    agent(srv, during=grab)
-    buffer = spans[0]
-    return [collector.to_record(s) for s in buffer.spans]
+    check_misbehaving_provider(fault, agent, SCRIPT_FOR_PROVIDER, good)
 
 
 SCRIPT_FOR_PROVIDER = SCRIPT
