@@ -187,10 +187,18 @@ def test_workers_as_ray_actors(tmp_path: Path) -> None:
     """``workers.ray: local``: the agent runs in Ray actors (a local cluster) against the run's own server."""
     pytest.importorskip("ray")
     write_setup(tmp_path, workers={"count": 2, "ray": "local", "actor_cpus": 0.5})
-    result = run(["train.yaml", "--quiet", "--set", "run.steps=1", "--set", "data.group_size=4"], tmp_path, timeout=400)
-    assert result.returncode == 0, result.stderr[-3000:]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "trainer"), os.environ.get("PYTHONPATH", "")])}
+    with subprocess.Popen([*agl_train(), "train.yaml", "--quiet", "--set", "run.steps=1", "--set",
+                           "data.group_size=4"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        _, stderr = proc.communicate(timeout=400)
+    assert proc.returncode == 0, stderr[-3000:]
     steps = json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]
     assert len(steps) == 1 and steps[0]["rollouts"] == 8 and steps[0]["failed_rollouts"] == 0 and steps[0]["rows"] > 0
     with sqlite3.connect(tmp_path / "agl.db") as conn:
         workers = {w for (w,) in conn.execute("SELECT DISTINCT worker_id FROM trainer_attempts")}
-    assert len(workers) == 2  # two actors, each its own worker
+    # Each actor is a worker of its own (host-pid-nonce), in a Ray worker process, never the trainer's own
+    # process. Both actors usually lease tasks, but on a loaded machine the first one up may drain all 8.
+    assert 1 <= len(workers) <= 2, workers
+    assert all(int(w.split("-")[-2]) != proc.pid for w in workers), (workers, proc.pid)
