@@ -510,6 +510,7 @@ def run_on_ray(
     actor_cpus: float = 1.0,
     runtime_env: dict[str, Any] | None = None,
     ray_init: dict[str, Any] | None = None,
+    stop: threading.Event | None = None,
     **options: Any,
 ) -> WorkerStats:
     """Run ``actors`` workers as Ray actors on the cluster at ``address`` ("local": start one here).
@@ -518,7 +519,9 @@ def run_on_ray(
     ``max_tasks``, ``idle_exit_s``, ...) that imports ``agent`` itself, so the agent's module must
     be importable on the cluster (``runtime_env`` can ship it). Ray places and restarts the
     processes; the server's leases do the rest: a task whose actor dies is retried as the next
-    attempt. SIGTERM or Ctrl-C stops every actor gracefully. Returns the actors' stats, summed.
+    attempt. SIGTERM or Ctrl-C stops every actor gracefully, and so does setting ``stop`` from
+    another thread (then this returns once the actors are done, so the caller can shut Ray down
+    with no call of this thread still in flight). Returns the actors' stats, summed.
     """
     ray: Any = importlib.import_module("ray")
     if not ray.is_initialized():
@@ -531,18 +534,22 @@ def run_on_ray(
     pending = [h.run.remote() for h in handles]
     stopping: list[bool] = []
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        now = bool(stopping)
+    def request_stop(now: bool) -> None:
         stopping.append(True)
         for handle in handles:
             handle.stop.remote(now)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        request_stop(bool(stopping))
 
     restore = []
     if threading.current_thread() is threading.main_thread():
         restore = [(sig, signal.signal(sig, on_signal)) for sig in (signal.SIGTERM, signal.SIGINT)]
     total = WorkerStats()
     try:
-        while pending:  # ray.wait with a timeout, so a signal handler gets to run
+        while pending:  # ray.wait with a timeout, so a signal handler (or ``stop``) gets to run
+            if stop is not None and stop.is_set() and not stopping:
+                request_stop(True)
             done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
             for ref in done:
                 stats = ray.get(ref)

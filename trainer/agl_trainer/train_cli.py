@@ -263,15 +263,33 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
 
 
 class _Workers:
-    def __init__(self, worker: Any = None, thread: threading.Thread | None = None) -> None:
+    """The run's workers: a :class:`Worker` in a thread, or Ray actors driven from a thread (``ray_stop``).
+
+    Ray's are stopped, waited for and Ray shut down here, before the process exits: left to the
+    interpreter's exit, Ray's own shutdown raced the thread still waiting on the actors, and the
+    process ended with status 1 after a run that had finished ("core worker has already been shutdown").
+    """
+
+    def __init__(self, worker: Any = None, thread: threading.Thread | None = None, *,
+                 ray_stop: threading.Event | None = None, shutdown_ray: bool = False) -> None:
         self.worker = worker
         self.thread = thread
+        self.ray_stop = ray_stop
+        self.shutdown_ray = shutdown_ray
 
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.stop(now=True)
+        if self.ray_stop is not None:
+            self.ray_stop.set()
         if self.thread is not None:
             self.thread.join(timeout=30)
+            if self.thread.is_alive():
+                logger.warning("agl train: the workers did not stop within 30 s")
+        if self.shutdown_ray:
+            import ray
+
+            ray.shutdown()
 
 
 def _start_workers(config: Config, url: str, token: str | None) -> _Workers:
@@ -286,19 +304,22 @@ def _start_workers(config: Config, url: str, token: str | None) -> _Workers:
 
         from agl_core.worker import run_on_ray
 
-        if not ray.is_initialized():  # here, in the main thread: ray.init installs signal handlers
+        started_ray = not ray.is_initialized()
+        if started_ray:  # here, in the main thread: ray.init installs signal handlers
             ray.init(address=None if w.ray == "local" else w.ray, log_to_driver=False)
+        stop = threading.Event()
 
         def on_ray() -> None:
             try:
                 run_on_ray(w.ray or "local", url, config.agent, actors=w.count, token=token, actor_cpus=w.actor_cpus,
-                           poll_s=1.0, idle_exit_s=config.run.step_timeout_s)
+                           stop=stop, poll_s=1.0, idle_exit_s=config.run.step_timeout_s)
             except Exception:  # noqa: BLE001 - the step timeout then says that no rollout came back
-                logger.exception("agl train: the Ray workers stopped")
+                if not stop.is_set():
+                    logger.exception("agl train: the Ray workers stopped")
 
         thread = threading.Thread(target=on_ray, name="agl-train-ray", daemon=True)
         thread.start()
-        return _Workers(None, None)  # Ray actors end with this driver
+        return _Workers(None, thread, ray_stop=stop, shutdown_ray=started_ray)
     from agl_core.worker import Worker, point_openai_at
 
     point_openai_at(url, token)
