@@ -56,7 +56,7 @@ def test_a_key_verl_does_not_have_fails_on_this_machine() -> None:
 
 
 def _batch(pad_to: int) -> object:
-    scored, _ = compute_advantages(BATCH)
+    scored, _ = compute_advantages(BATCH, credit="final")
     rows, _ = build_rows(scored, "trajectory")
     return to_data_proto(rows, pad_to_multiple=pad_to), rows
 
