@@ -370,3 +370,36 @@ def test_a_client_that_gives_up_on_a_plain_request_stops_its_generation(tokenize
         time.sleep(0.02)
     assert engine.cancelled == 1 and model.steps < 100
     assert srv.server.gateway.abandoned == 1 and srv.server.records.get(("5" * 32, "6" * 16)) is None
+
+
+def sampled_logprobs(model: Any, prompt: list[int], response: list[int], *, temperature: float, top_k: int = 0,
+                     top_p: float = 1.0) -> list[float]:
+    """The logprob of each response token under the distribution it was sampled from: tempered, cut, renormalised."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float() / temperature
+    out = []
+    for i, t in enumerate(response):
+        probs = torch.softmax(logits[len(prompt) - 1 + i], dim=-1)
+        if top_k:
+            probs = torch.where(probs >= torch.topk(probs, top_k).values[-1], probs, 0.0)
+        if top_p < 1.0:
+            ranked, order = torch.sort(probs, descending=True)
+            keep = ranked.cumsum(-1) - ranked < top_p * ranked.sum()
+            probs = torch.zeros_like(probs).scatter(0, order, ranked * keep)
+        out.append(float(torch.log(probs[t] / probs.sum())))
+    return out
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.5, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8)])
+def test_recorded_logprobs_are_of_the_distribution_sampled_from(engine: TorchEngine, tokenizer: Any,
+                                                               make_server: ServerFactory, temperature: float,
+                                                               top_k: int, top_p: float) -> None:
+    srv = make_server(engine)
+    body = {"messages": MESSAGES, "max_tokens": 12, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "seed": 1, "return_token_ids": True, "logprobs": True}
+    data = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()
+    ids = data["choices"][0]["token_ids"]
+    got = [e["logprob"] for e in data["choices"][0]["logprobs"]["content"]]
+    want = sampled_logprobs(engine.model, data["prompt_token_ids"], ids, temperature=temperature, top_k=top_k,
+                            top_p=top_p)
+    assert got == pytest.approx(want, abs=1e-4)  # before: the unscaled model's, off by 0.5-3 nats a token
