@@ -75,7 +75,7 @@ def run_demo(options: DemoOptions) -> DemoResult:
     from agl_core.transitions import AirRules, TransitionBuilder
     from agl_core.worker import Worker, point_openai_at
     from agl_trainer.demo.lockers import TOOL_ERROR_REWARD, TOOL_OK_REWARD, Lockers, solve
-    from agl_trainer.gateway import GatewayConfig
+    from agl_trainer.gateway import GatewayConfig, training_sampling
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
     from agl_trainer.training import TrainConfig, Trainer
 
@@ -95,7 +95,7 @@ def run_demo(options: DemoOptions) -> DemoResult:
     air = AirRules(tool_ok=TOOL_OK_REWARD, tool_error=TOOL_ERROR_REWARD)
     config = ServerConfig(db_path=os.path.join(folder, "agl.db"), port=0, max_attempts=2, lease_timeout_s=120.0,
                           builder=TransitionBuilder(agent_match="solver", air=air),
-                          gateway=GatewayConfig(sampling_overrides={"temperature": 1.0}))
+                          gateway=GatewayConfig(sampling_overrides=training_sampling(1.0)))
     server = TrainerServer(config, engine)
     thread = ServerThread(server).start()
     worker: Worker | None = None
