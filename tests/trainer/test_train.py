@@ -189,14 +189,20 @@ def test_a_short_run_from_a_config_file_trains_records_and_resumes(tmp_path: Pat
     trained = torch.load(out / "checkpoint" / "trainer.pt", weights_only=True)["model"]
     assert any(not torch.equal(initial[k], trained[k]) for k in initial)
 
-    # the same command with more steps resumes from the checkpoint
-    again = run(["train.yaml", "--quiet", "--set", f"run.steps={STEPS + 1}"], tmp_path)
+    # the same command with more steps resumes from the checkpoint; its step has groups of one rollout, which
+    # have nothing to compare with (every advantage 0): agl train says so, in one line naming the cause
+    again = run(["train.yaml", "--quiet", "--set", f"run.steps={STEPS + 1}", "--set", "data.group_size=1"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed"] is True
     assert [s["step"] for s in summary["steps"]] == list(range(1, STEPS + 2))
     assert summary["steps"][:STEPS] == steps
     assert "(resumed)" in again.stdout
+    flat = f"agl train: step {STEPS + 1}: groups without spread: 2 of 2 groups scored every rollout alike and " \
+           "train on nothing; the tasks are too easy or too hard for the policy, or group_size is too small"
+    assert [line for line in again.stderr.splitlines() if "without spread" in line] == [flat]
+    assert flat.removeprefix("agl train: ") in summary["warnings"]
+    assert f"of {STEPS + 1} steps warned about the training signal (summary.json 'warnings')" in again.stderr
 
 
 def test_workers_as_ray_actors(tmp_path: Path) -> None:

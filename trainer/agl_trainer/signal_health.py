@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from agl_trainer.advantages import AdvantageStats
 from agl_trainer.rows import Row, RowStats
 
-__all__ = ["SignalBounds", "batch_signal", "signal_warnings"]
+__all__ = ["SignalBounds", "batch_signal", "signal_warnings", "warning_flags"]
 
 
 @dataclass
@@ -61,20 +61,34 @@ def batch_signal(stats: AdvantageStats, rows: Sequence[Row], row_stats: RowStats
 
 def signal_warnings(values: Mapping[str, float], bounds: SignalBounds | None = None) -> list[str]:
     """One line per cause found in a step's ``values`` (:func:`batch_signal` and the update's metrics)."""
-    bounds = bounds or SignalBounds()
-    out = []
+    return list(_causes(values, bounds or SignalBounds()).values())
+
+
+def warning_flags(values: Mapping[str, float], bounds: SignalBounds | None = None) -> dict[str, float]:
+    """``warn_ratio_drift``, ``warn_large_advantages``, ``warn_flat_groups``: 1 where :func:`signal_warnings` warns.
+
+    Numbers, so they go to the server's metrics with the rest and the dashboard marks the step.
+    """
+    causes = _causes(values, bounds or SignalBounds())
+    return {f"warn_{key}": 1.0 if key in causes else 0.0 for key in ("ratio_drift", "large_advantages", "flat_groups")}
+
+
+def _causes(values: Mapping[str, float], bounds: SignalBounds) -> dict[str, str]:
+    out = {}
     ratio = values.get("ratio_first_mean")
     if ratio is not None and abs(ratio - 1.0) > bounds.ratio_drift:
-        out.append(f"sampler/trainer mismatch: the first-pass importance ratio is {ratio:.3f} (min "
+        out["ratio_drift"] = (f"sampler/trainer mismatch: the first-pass importance ratio is {ratio:.3f} (min "
                    f"{values.get('ratio_first_min', ratio):.3f}, max {values.get('ratio_first_max', ratio):.3f}), "
                    f"not 1: the recorded logprobs are not of the distribution being trained (temperature, top_p/top_k, "
                    f"dtype, or weights the engine was not served)")
     top = values.get("advantage_max_abs")
     if top is not None and top > bounds.max_abs_advantage:
-        out.append(f"large advantages: max |A| is {top:.3g} (bound {bounds.max_abs_advantage:g}): a few rollouts "
-                   f"set this step's direction; check the reward scale and the credit function")
+        out["large_advantages"] = (f"large advantages: max |A| is {top:.3g} (bound {bounds.max_abs_advantage:g}): a "
+                                   f"few rollouts set this step's direction; check the reward scale and the credit "
+                                   f"function")
     groups, flat = values.get("groups") or 0.0, values.get("flat_groups") or 0.0
     if groups and flat / groups > bounds.flat_group_share:
-        out.append(f"groups without spread: {flat:.0f} of {groups:.0f} groups scored every rollout alike and train "
-                   f"on nothing; the tasks are too easy or too hard for the policy, or group_size is too small")
+        out["flat_groups"] = (f"groups without spread: {flat:.0f} of {groups:.0f} groups scored every rollout alike "
+                              f"and train on nothing; the tasks are too easy or too hard for the policy, or "
+                              f"group_size is too small")
     return out

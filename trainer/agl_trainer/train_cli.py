@@ -93,6 +93,10 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
         click.echo(f"agl train: {len(steps)} steps{' (resumed)' if outcome.resumed else ''}, reward "
                    f"{first['reward']:.3f} at step {first['step']} -> {last['reward']:.3f} at step {last['step']}, "
                    f"{outcome.wall_s:.0f} s")
+        warned = sum(1 for s in steps if s.get("warnings"))
+        if warned:
+            click.echo(f"agl train: {warned} of {len(steps)} steps warned about the training signal (summary.json "
+                       "'warnings')", err=True)
     for name, path in outcome.files.items():
         click.echo(f"{name}: {path}")
 
@@ -182,9 +186,10 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
         files["store"] = config.path(config.server.db)
     outcome = TrainOutcome(steps=steps, folder=folder, resumed=bool(resumed), wall_s=time.monotonic() - started,
                            server_url=url, files=files)
+    warnings = [f"step {s['step']}: {line}" for s in steps for line in s.get("warnings", [])]
     with open(files["summary"], "w", encoding="utf-8") as f:
         json.dump({"config": config.model_dump(mode="json"), "resumed": outcome.resumed, "wall_s": outcome.wall_s,
-                   "server": url, "steps": steps}, f, indent=1)
+                   "server": url, "warnings": warnings, "steps": steps}, f, indent=1)
     return outcome
 
 

@@ -477,7 +477,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     from agl_core.worker import run_on_ray
     from agl_trainer.gateway import OpenAIBackend
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
-    from agl_trainer.signal_health import signal_warnings
+    from agl_trainer.signal_health import signal_warnings, warning_flags
     from agl_trainer.train_cli import _builder
     from agl_trainer.training import LocalServer, StepResult, score_batch, write_curves
 
@@ -578,6 +578,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
                                 metrics={"loss": metrics.get("actor/pg_loss", 0.0), **metrics, **health,
                                          **scored.signal()})
             result.warnings = signal_warnings(result.metrics)
+            result.metrics.update(warning_flags(result.metrics))
             for line in result.warnings:
                 logger.warning("agl train: step %d: %s", step, line)
             history.append(result)
