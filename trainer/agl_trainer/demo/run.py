@@ -215,7 +215,11 @@ def _summary(options: DemoOptions, steps: list[dict[str, Any]], reached: bool, w
             f"- wall time of this run: {wall:.0f} s; rollouts/s (last step): {last['rollouts_per_s']:.1f}",
             f"- rows: mode {options.row_mode}, merged transitions (last step) {last['merged']}, "
             f"prefix mismatches {last['prefix_mismatches']}",
+            _signal_line(last),
         ]
+        warned = [f"  - step {s['step']}: {w}" for s in steps for w in s.get("warnings", [])]
+        if warned:
+            lines += ["- training-signal warnings:", *warned]
     lines += ["", "| step | reward | final reward | rollouts | rollouts/s |", "|---:|---:|---:|---:|---:|"]
     for s in steps:
         lines.append(f"| {s['step']} | {s['reward']:.2f} | {s['final_reward']:.2f} | {s['rollouts']} | "
@@ -223,6 +227,16 @@ def _summary(options: DemoOptions, steps: list[dict[str, Any]], reached: bool, w
     lines += ["", f"Task: {lockers.n} lockers, one code and one thing each; the model picks a code (one tool-call "
               "token) and then an answer (one word). Chance is about 0.1."]
     return "\n".join(lines) + "\n"
+
+
+def _signal_line(step: dict[str, Any]) -> str:
+    """The last step's signal health, as agl_trainer.signal_health measured it."""
+    m = step.get("metrics", {})
+    if "ratio_first_mean" not in m:
+        return "- training signal (last step): no update ran"
+    return (f"- training signal (last step): first-pass ratio {m['ratio_first_mean']:.4f} (should be 1), "
+            f"KL to the sampler {m.get('sampler_kl', 0.0):.2g}, max |A| {m.get('advantage_max_abs', 0.0):.2f}, "
+            f"groups without spread {m.get('flat_groups', 0):.0f} of {m.get('groups', 0):.0f}")
 
 
 class _Progress:
