@@ -82,7 +82,7 @@ def main() -> int:
         stats = None
         for _ in range(args.repeat):
             started = time.perf_counter()
-            scored, _ = compute_advantages(trajectories)  # type: ignore[arg-type]
+            scored, _ = compute_advantages(trajectories, credit="final")  # type: ignore[arg-type]
             rows, stats = build_rows(scored, mode)  # type: ignore[arg-type]
             built = time.perf_counter()
             backend.update(rows)

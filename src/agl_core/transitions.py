@@ -388,6 +388,7 @@ def _agent_name(call: _Call, by_id: dict[str, Span]) -> str | None:
 
 
 def _malformed(response: dict[str, Any], tools: Any) -> bool:
+    """The reply tried to call a tool and failed: a parsed call that is not valid, or a block left in its text."""
     names = None
     if isinstance(tools, list):
         names = {((t.get("function") or {}).get("name") or t.get("name")) if isinstance(t, dict) else None
@@ -395,12 +396,45 @@ def _malformed(response: dict[str, Any], tools: Any) -> bool:
         names.discard(None)
     for call in response.get("tool_calls") or []:
         fn = call.get("function") or {}
-        if names and fn.get("name") not in names:
+        if not _valid_call(fn.get("name"), fn.get("arguments") or "{}", names):
             return True
+    return _failed_text_call(response.get("content"), names)
+
+
+def _valid_call(name: Any, arguments: Any, names: set[Any] | None) -> bool:
+    if not isinstance(name, str) or (names and name not in names):
+        return False
+    if isinstance(arguments, str):
         try:
-            args = json.loads(fn.get("arguments") or "{}")
-        except (TypeError, ValueError):
+            arguments = json.loads(arguments)
+        except ValueError:
+            return False
+    return isinstance(arguments, dict)
+
+
+_TEXT_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+
+
+def _failed_text_call(content: Any, names: set[Any] | None) -> bool:
+    """A ``<tool_call>`` block (the Hermes/Qwen convention) left in the reply's text that is not a valid call.
+
+    A serving engine's tool parser (agl's torch engine, vLLM's ``hermes``) turns each valid
+    block into a ``tool_calls`` entry and leaves in the text the blocks it could not parse:
+    JSON that does not parse, JSON that is not a call, a block cut off by ``max_tokens``
+    (never closed). A valid block left in the text is the backend's doing (it had no tool
+    parser), not the model's: not malformed.
+    """
+    if isinstance(content, list):
+        content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    if not isinstance(content, str) or "<tool_call>" not in content:
+        return False
+    for block in _TEXT_CALL.finditer(content):
+        if not block.group(2):
+            return True  # never closed: cut off
+        try:
+            spec = json.loads(block.group(1))
+        except (ValueError, RecursionError):
             return True
-        if not isinstance(args, dict):
+        if not isinstance(spec, dict) or not _valid_call(spec.get("name"), spec.get("arguments", {}), names):
             return True
     return False

@@ -245,3 +245,28 @@ def test_a_retry_that_succeeded_under_one_framework_span_is_the_call_and_not_its
     traj = TransitionBuilder().build(rollout(root, outer, first, second, reward(1.0)))
     (t,) = traj.transitions
     assert t.response["content"] == "4" and t.span_id == outer.span_id and t.token_source == "response"
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "calc", "arguments": {"x": 1</tool_call>',         # JSON that does not parse
+    'Sure. <tool_call>{"name": "calc", "arguments": {"x": ',                 # cut off by max_tokens: never closed
+    '<tool_call>["calc", {"x": 1}]</tool_call>',                               # JSON that is not a call
+    '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',               # a function the request did not offer
+    '<tool_call>{"name": "calc", "arguments": "x=1"}</tool_call>',            # arguments that are not an object
+])
+def test_a_tool_call_block_left_in_the_text_is_a_malformed_call(text: str) -> None:
+    # what a serving engine's tool parser (agl's torch engine, vLLM's hermes) leaves in the content when the
+    # model tried to call a tool and the block is not a valid call; before, only parsed tool_calls were checked
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {}}}]
+    spans = [llm(None, "q", text, tools=tools), llm(None, "q2", [{"type": "text", "text": text}], tools=tools)]
+    traj = TransitionBuilder(air=AirRules(malformed_tool_call=-0.5)).build(rollout(*spans))
+    assert [t.reward for t in traj.transitions] == [-0.5, -0.5]
+
+
+def test_valid_or_absent_tool_call_blocks_in_the_text_are_not_penalised() -> None:
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {}}}]
+    # a valid block left in the text is the backend's doing (it ran no tool parser), not the model's
+    valid = '<tool_call>{"name": "calc", "arguments": {"x": 1}}</tool_call>'
+    spans = [llm(None, "q", valid, tools=tools), llm(None, "q2", "the answer is 4", tools=tools)]
+    traj = TransitionBuilder(air=AirRules(malformed_tool_call=-0.5)).build(rollout(*spans))
+    assert [t.reward for t in traj.transitions] == [None, None]

@@ -183,3 +183,36 @@ def test_markup_in_stored_data_is_shown_as_text(tmp_path: Any, page: Any) -> Non
             assert page.locator("img").count() == 0
             assert page.evaluate("document.body.dataset.pwned") is None
             _only_this_server(page, thread.url)
+
+
+def test_the_training_signal_panel_shows_the_last_steps_health_and_marks_what_the_trainer_flagged(
+        tmp_path: Any, page: Any) -> None:
+    from agl_core.schema import Trajectory, Transition
+    from agl_trainer.gateway import OpenAIBackend
+    from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
+    from agl_trainer.signal_health import warning_flags
+    from agl_trainer.training import TrainConfig, score_batch
+
+    def run(rid: str, task: str, reward: float) -> Trajectory:  # two groups whose rollouts agree: no spread
+        t = Transition(rollout_id=rid, task_id=task, index=0, prompt=[{"role": "user", "content": "q"}],
+                       response={"role": "assistant", "content": "a"}, prompt_token_ids=[1, 2],
+                       response_token_ids=[3], response_logprobs=[-0.5], token_source="gateway", credited_reward=reward)
+        return Trajectory(rollout_id=rid, task_id=task, transitions=[t], reward=reward)
+
+    signal = score_batch([run("a", "x#0", 1.0), run("b", "x#1", 1.0), run("c", "y#0", 0.0), run("d", "y#1", 0.0)],
+                         TrainConfig()).signal()
+    values = {**signal, "ratio_first_mean": 1.0, "ratio_first_min": 0.998, "ratio_first_max": 1.002,
+              "sampler_kl": 1e-6, "clip_fraction": 0.0, "reward_mean": 0.5, "loss": 0.0}
+    values.update(warning_flags(values))  # what the trainer records with each step
+    server = TrainerServer(ServerConfig(db_path=str(tmp_path / "agl.db"), port=0), OpenAIBackend("http://127.0.0.1:9/v1"))
+    with ServerThread(server) as thread:
+        server.record_metrics(3, values)
+        page.goto(thread.url + "/")
+        table = page.locator("#signal tbody")
+        expect(table.locator("tr[data-signal='first-pass importance ratio'] td").nth(1)).to_have_text("1 (0.998–1.002)")
+        flat = table.locator("tr[data-signal='groups without spread']")
+        expect(flat.locator("td").nth(1)).to_have_text("2 of 2")
+        expect(flat).to_have_class("signal-bad")  # the trainer flagged it: warn_flat_groups
+        expect(table.locator("tr.signal-bad")).to_have_count(1)
+        expect(page.locator("#signal-hint")).to_have_text("step 3 · 1 warning: see the marked rows")
+        _only_this_server(page, thread.url)

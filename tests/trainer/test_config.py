@@ -64,6 +64,9 @@ def test_each_kind_of_mistake_names_its_key() -> None:
         "config error: workers.count: must be at least 1 with workers.ray (the number of Ray actors)"
     assert _error({**MINIMAL, "credit": {"method": "final", "function": "pkg.mod:credit"}}) == \
         "config error: credit.function: is only used with credit.method: custom, not final"
+    # null would let each call sample at its agent's temperature while the trainer computes at one (before: allowed)
+    assert _error({**MINIMAL, "algorithm": {"temperature": None}}).startswith(
+        "config error: algorithm.temperature: must be a number: with null each call would sample at the temperature")
 
 
 def test_several_mistakes_are_all_reported_one_line_each() -> None:
@@ -142,5 +145,5 @@ def test_the_run_is_built_as_the_config_says(tmp_path: Path, monkeypatch: pytest
     train = _train_config(config, str(tmp_path / "out"))
     assert (train.tasks_per_step, train.group_size, train.row_mode) == (5, 3, "transition")
     assert (train.max_prompt_length, train.max_response_length, train.scale_advantages) == (64, 16, False)
-    assert assign([None, 0.5], 1.0, train.credit) == [0.0, 1.0]
+    assert train.credit is None  # the builder credits the whole run; the loop takes its credited rewards as they are
     assert train.checkpoint_dir == str(tmp_path / "out" / "checkpoint") and train.curves_dir == str(tmp_path / "out")

@@ -9,6 +9,7 @@ calls with no prefix mismatch, and a second run resumes from the checkpoint.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,7 +66,9 @@ def test_the_store_holds_the_runs_with_only_the_solver_trained(demo: tuple[DemoO
     finally:
         store.close()
     assert Path(result.curve).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # type: ignore[attr-defined]
-    assert "mean reward" in Path(options.folder, "summary.md").read_text()
+    summary = Path(options.folder, "summary.md").read_text()
+    ratio = re.search(r"- training signal \(last step\): first-pass ratio ([\d.]+) \(should be 1\)", summary)
+    assert "mean reward" in summary and ratio and abs(float(ratio.group(1)) - 1) < 1e-2, summary
 
 
 def test_a_second_run_resumes_from_the_checkpoint(demo: tuple[DemoOptions, object]) -> None:

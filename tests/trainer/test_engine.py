@@ -370,3 +370,75 @@ def test_a_client_that_gives_up_on_a_plain_request_stops_its_generation(tokenize
         time.sleep(0.02)
     assert engine.cancelled == 1 and model.steps < 100
     assert srv.server.gateway.abandoned == 1 and srv.server.records.get(("5" * 32, "6" * 16)) is None
+
+
+def sampled_logprobs(model: Any, prompt: list[int], response: list[int], *, temperature: float, top_k: int = 0,
+                     top_p: float = 1.0) -> list[float]:
+    """The logprob of each response token under the distribution it was sampled from: tempered, cut, renormalised."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float() / temperature
+    out = []
+    for i, t in enumerate(response):
+        probs = torch.softmax(logits[len(prompt) - 1 + i], dim=-1)
+        if top_k:
+            probs = torch.where(probs >= torch.topk(probs, top_k).values[-1], probs, 0.0)
+        if top_p < 1.0:
+            ranked, order = torch.sort(probs, descending=True)
+            keep = ranked.cumsum(-1) - ranked < top_p * ranked.sum()
+            probs = torch.zeros_like(probs).scatter(0, order, ranked * keep)
+        out.append(float(torch.log(probs[t] / probs.sum())))
+    return out
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.5, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8)])
+def test_recorded_logprobs_are_of_the_distribution_sampled_from(engine: TorchEngine, tokenizer: Any,
+                                                               make_server: ServerFactory, temperature: float,
+                                                               top_k: int, top_p: float) -> None:
+    srv = make_server(engine)
+    body = {"messages": MESSAGES, "max_tokens": 12, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "seed": 1, "return_token_ids": True, "logprobs": True}
+    data = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()
+    ids = data["choices"][0]["token_ids"]
+    got = [e["logprob"] for e in data["choices"][0]["logprobs"]["content"]]
+    want = sampled_logprobs(engine.model, data["prompt_token_ids"], ids, temperature=temperature, top_k=top_k,
+                            top_p=top_p)
+    assert got == pytest.approx(want, abs=1e-4)  # before: the unscaled model's, off by 0.5-3 nats a token
+
+
+BROKEN = 'Checking. <tool_call>{"name": "lookup", "arguments": {"q": "a"</tool_call>'  # the JSON does not parse
+CUT = 'Checking. <tool_call>{"name": "lookup", "arguments": {"q": "a"}}</tool_call>'   # max_tokens ends it early
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_call_that_does_not_parse_or_was_cut_off_is_a_malformed_call(tokenizer: Any, stream: bool,
+                                                                          make_server: ServerFactory) -> None:
+    air = agl.AirRules(malformed_tool_call=-0.5)
+    rewards = []
+    for text, max_tokens in ((BROKEN, 200), (CUT, len(tokenizer.encode(CUT)) - 4)):
+        model = ScriptedLM(len(tokenizer), tokenizer.encode(text), tokenizer.eos_token_id)
+        srv = make_server(TorchEngine(model, tokenizer, name="scripted", default_max_tokens=200))
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        with agl.rollout(task_id="t", store=agl.HttpStore(srv.url)) as run:
+            reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS,  # type: ignore
+                                                   max_tokens=max_tokens, stream=stream)
+            if stream:
+                content = "".join(c.choices[0].delta.content or "" for c in reply if c.choices)
+            else:
+                content = reply.choices[0].message.content or ""
+        assert "<tool_call>" in content  # the engine's parser left the broken block in the text
+        (t,) = run.trajectory(builder=agl.TransitionBuilder(air=air)).transitions
+        rewards.append(t.reward)
+    assert rewards == [-0.5, -0.5]  # before: None, None (only parsed tool_calls were checked)
+
+
+def test_a_vllm_reply_that_left_a_broken_block_in_the_text_is_a_malformed_call(make_server: ServerFactory) -> None:
+    from agl_core.testing import FakeOpenAI
+
+    with FakeOpenAI(script=[{"content": BROKEN}]) as fake:  # what vLLM's hermes parser returns for it
+        srv = make_server(fake)
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        with agl.rollout(task_id="t", store=agl.HttpStore(srv.url)) as run:
+            client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS)  # type: ignore[arg-type]
+        air = agl.AirRules(malformed_tool_call=-0.5)
+        (t,) = run.trajectory(builder=agl.TransitionBuilder(air=air)).transitions
+        assert t.reward == -0.5  # before: None

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,22 +28,22 @@ from agl_trainer.token_records import MODEL_VERSION_ATTRIBUTE  # noqa: E402
 from .test_train import REPO, STEPS, run, write_setup  # noqa: E402
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    """The demo's policy served by ``agl serve --engine`` in its own process."""
+@contextmanager
+def agl_serve(tmp_path: Path, *options: str) -> Iterator[str]:
+    """The demo's policy served by ``agl serve --engine`` in its own process; yields its URL."""
     write_setup(tmp_path)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "trainer"), os.environ.get("PYTHONPATH", "")])}
     agl = Path(sys.executable).parent / "agl"  # the real `agl serve`, as a user starts it
     serve = [str(agl), "serve"] if agl.exists() else [sys.executable, "-m", "agl_trainer.cli"]
     command = [*serve, "--engine", str(tmp_path / "policy"), "--model", "policy",
-               "--port", "0", "--db", str(tmp_path / "server.db"), "--max-batch", "8"]
+               "--port", "0", "--db", str(tmp_path / "server.db"), "--max-batch", "8", *options]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith("agl serve: listening on "), (line, proc.stderr.read() if proc.stderr else "")
-        yield tmp_path, line.split()[-1]
+        yield line.split()[-1]
     finally:
         proc.terminate()
         try:
@@ -52,10 +53,32 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
             proc.wait()
 
 
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """``agl serve`` sampling as training needs (``--train-temperature``, algorithm.temperature's 1.0)."""
+    with agl_serve(tmp_path, "--train-temperature", "1.0") as url:
+        yield tmp_path, url
+
+
+def test_a_server_that_samples_otherwise_is_refused_before_the_run_starts(tmp_path: Path) -> None:
+    # agl serve passes the agent's temperature (and top_p, top_k) through by default: the calls would be
+    # sampled from whatever each agent asked for, while the trainer computes its logprobs at 1.0
+    with agl_serve(tmp_path) as url:
+        result = run(["train.yaml", "--quiet", "--set", f"server.url={url}"], tmp_path)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.startswith("config error: server.url: the server's gateway does not sample as this run "
+                                        "trains (temperature passed through from the agent")
+        assert "agl serve ... --train-temperature 1`" in result.stderr
+        assert httpx.get(f"{url}/v1/tasks").json()["tasks"] == []  # nothing was enqueued
+    with agl_serve(tmp_path, "--train-temperature", "0.7") as url:  # pinned, but not at this run's temperature
+        result = run(["train.yaml", "--quiet", "--set", f"server.url={url}"], tmp_path)
+        assert result.returncode == 2 and "temperature=0.7" in result.stderr
+
+
 def test_the_trainer_drives_a_server_in_another_process_over_http(served: tuple[Path, str]) -> None:
     folder, url = served
     initial = httpx.get(f"{url}/v1/model").json()
-    assert initial["version"] == 0
+    assert initial["version"] == 0 and initial["sampling"]["temperature"] == 1.0 and initial["sampling"]["top_k"] == -1
     result = run(["train.yaml", "--quiet", "--set", f"server.url={url}"], folder)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = json.loads((folder / "out" / "summary.json").read_text())["steps"]

@@ -77,8 +77,9 @@ def test_long_prompts_keep_their_last_tokens_and_long_responses_are_cut_and_coun
                              max_response_length=3)
     assert rows[0].input_ids == [3, 4, 5, 6, 10, 11, 12] and rows[0].prompt_len == 4
     assert rows[0].loss_mask == [0, 0, 0, 0, 1, 1, 1]
-    assert rows[0].old_logprobs == pytest.approx([0, 0, 0, 0, -0.1, -0.2, -0.3])
-    assert rows[1].input_ids == [7, 8, 14]  # within both limits: untouched
+    # the gateway's logprobs saw the two prompt tokens the cut removed: the backend recomputes them
+    assert rows[0].old_logprobs is None and stats.recomputed_logprobs == 1
+    assert rows[1].input_ids == [7, 8, 14] and rows[1].old_logprobs is not None  # within both limits: untouched
     assert stats.truncated_rows == 1 and stats.truncated_prompts == 1 and stats.truncated_responses == 1
     assert stats.dropped_loss_tokens == 1
     # the rollout still weighs one unit, spread over the loss tokens that are left
@@ -92,6 +93,9 @@ def test_a_merge_that_would_pass_the_response_limit_starts_a_new_row_instead() -
     assert rows[1].loss_mask == [0] * 7 + [1] and rows[1].advantages[-1] == -2.0
     assert stats.length_splits == 1 and stats.merged == 0 and stats.prefix_mismatches == 0
     assert stats.truncated_rows == 0 and stats.dropped_loss_tokens == 0
+    # cutting the end changes no kept token's logprob: they stay
+    rows, stats = build_rows([_scored(FIRST)], "transition", max_response_length=1)
+    assert rows[0].old_logprobs == pytest.approx([0, 0, 0, -0.1]) and stats.recomputed_logprobs == 0
     # a prompt limit then cuts the second row's long prompt from the left
     rows, stats = build_rows([_scored(FIRST, SECOND)], "trajectory", max_prompt_length=5, max_response_length=4)
     assert rows[1].input_ids == [3, 10, 11, 20, 21, 12] and rows[1].prompt_len == 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from agl_core.schema import Trajectory, Transition  # noqa: E402
+from agl_trainer.advantages import ScoredRollout  # noqa: E402
 from agl_trainer.engine import TorchEngine  # noqa: E402
 from agl_trainer.loss import policy_loss  # noqa: E402
-from agl_trainer.rows import Row  # noqa: E402
+from agl_trainer.rows import Row, build_rows  # noqa: E402
 from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig  # noqa: E402
 
 from .test_engine import tiny_model, tiny_tokenizer  # noqa: E402
@@ -127,3 +130,101 @@ def test_a_checkpoint_resumes_weights_optimizer_and_step(tokenizer: Any, tmp_pat
     second.update(copy.deepcopy(rows))  # Adam's moments came back too: the same step gives the same weights
     for (name, a), b in zip(first.model.state_dict().items(), second.model.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
+
+
+# ---------------------------------------------------------------------- logprobs of the distribution sampled from
+
+
+def _sample(engine: TorchEngine, prompt: list[int], **sampling: Any) -> tuple[list[int], list[float]]:
+    """One text completion from the engine (as the gateway asks for it): the token ids and their recorded logprobs."""
+    reply = asyncio.run(engine.complete("completions", {"prompt": prompt, "max_tokens": 6, "logprobs": 0,
+                                                        "return_token_ids": True, "seed": 3, **sampling}))
+    choice = reply.data["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+def _rows_of(prompt: list[int], response: list[int], logprobs: list[float], **limits: Any) -> tuple[list[Row], Any]:
+    t = Transition(rollout_id="r", task_id="t#0", index=0, prompt=[{"role": "user", "content": "q"}],
+                   response={"role": "assistant", "content": "a"}, prompt_token_ids=prompt,
+                   response_token_ids=response, response_logprobs=logprobs, token_source="gateway")
+    scored = ScoredRollout(Trajectory(rollout_id="r", task_id="t#0", transitions=[t], reward=1.0), "t", [1.0], [1.0])
+    return build_rows([scored], "transition", **limits)
+
+
+def test_the_trainer_computes_logprobs_at_the_sampling_temperature(tokenizer: Any) -> None:
+    served = tiny_model(len(tokenizer))
+    engine = TorchEngine(copy.deepcopy(served), tokenizer, name="tiny", seed=0)
+    prompt = [5, 6, 7, 8, 9]
+    ids, recorded = _sample(engine, prompt, temperature=0.5)
+    backend = TorchBackend(served, TorchConfig(lr=1e-9, temperature=0.5))
+    metrics = backend.update(_rows_of(prompt, ids, recorded)[0])
+    # before: the engine recorded the unscaled model's logprobs and the trainer took its own unscaled too, so the
+    # ratio was 1 against a distribution nobody sampled from; now both are of softmax(logits / 0.5)
+    assert metrics["ratio_first_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["ratio_first_min"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["ratio_first_max"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["sampler_kl"] == pytest.approx(0.0, abs=1e-6)
+    # a trainer at another temperature than the sampler's is seen at once
+    other = TorchBackend(copy.deepcopy(served), TorchConfig(lr=1e-9, temperature=1.0))
+    drift = other.update(_rows_of(prompt, ids, recorded)[0])
+    assert drift["sampler_kl"] > 1e-3 and drift["ratio_first_min"] < 0.95
+
+
+def test_a_prompt_cut_after_sampling_gets_fresh_logprobs_and_a_first_ratio_of_one(tokenizer: Any) -> None:
+    served = tiny_model(len(tokenizer))
+    engine = TorchEngine(copy.deepcopy(served), tokenizer, name="tiny", seed=0)
+    prompt = [(7 * k) % 200 + 3 for k in range(40)]
+    ids, recorded = _sample(engine, prompt, temperature=1.0)
+    rows, stats = _rows_of(prompt, ids, recorded, max_prompt_length=6)
+    assert stats.truncated_prompts == 1
+    backend = TorchBackend(served, TorchConfig(lr=1e-9, epochs=1, minibatches=1))
+    metrics = backend.update(rows)
+    # before: the row kept the logprobs the engine computed with all 40 prompt tokens
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert stats.recomputed_logprobs == 1 and metrics["ratio_first_max"] == pytest.approx(1.0, abs=1e-4)
+
+
+# ---------------------------------------------------------------------- bf16 with float32 master weights
+
+
+def test_bf16_training_moves_the_weights_as_fp32_does(tokenizer: Any) -> None:
+    other = Row(rollout_id="b", group="g", input_ids=[9, 10, 11, BAD], loss_mask=[0, 0, 0, 1],
+                advantages=[0.0, 0.0, 0.0, -1.0], token_weights=[0.0, 0.0, 0.0, 1.0], old_logprobs=None, prompt_len=3)
+    rows = [_row("a", GOOD, 1.0), other]
+    moved = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        backend = TorchBackend(tiny_model(len(tokenizer)).to(dtype), TorchConfig(lr=1e-6, max_grad_norm=None))
+        trained = [p for group in backend.optimizer.param_groups for p in group["params"]]
+        start = [p.detach().float().clone() for p in trained]
+        for _ in range(20):
+            backend.update(copy.deepcopy(rows))
+        moved[dtype] = torch.cat([(p.detach().float() - s).flatten() for p, s in zip(trained, start, strict=True)])
+        # the model (what the engine is served) is the trained weights rounded to its dtype
+        for param, master in zip([p for p in backend.model.parameters() if p.requires_grad], trained, strict=True):
+            assert param.dtype == dtype and torch.equal(param, master.to(dtype))
+    share = {dtype: float((delta != 0).float().mean()) for dtype, delta in moved.items()}
+    # before: AdamW stepped the bf16 weights themselves: 1.5% of them moved (fp32: 77%; the rest have no
+    # gradient: embeddings of tokens the rows never use), in a direction unrelated to fp32's (cosine 0.13)
+    assert share[torch.float32] > 0.5 and share[torch.bfloat16] == pytest.approx(share[torch.float32], abs=0.01)
+    assert float(torch.nn.functional.cosine_similarity(moved[torch.float32], moved[torch.bfloat16], dim=0)) > 0.95
+
+
+def test_a_bf16_run_learns_as_an_fp32_run_on_the_same_seed(tokenizer: Any, tmp_path: Path) -> None:
+    rows = [_row("a", GOOD, 1.0), _row("b", BAD, -1.0)]
+    gains = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        backend = TorchBackend(tiny_model(len(tokenizer)).to(dtype), TorchConfig(lr=3e-3))
+        good0 = _logprob(backend.model, GOOD)
+        for _ in range(8):
+            backend.update(copy.deepcopy(rows))
+        gains[dtype] = _logprob(backend.model, GOOD) - good0
+    assert gains[torch.float32] > 0.5
+    assert gains[torch.bfloat16] == pytest.approx(gains[torch.float32], rel=0.1)
+    # and a bf16 checkpoint resumes its float32 master weights, not the rounded ones
+    first = TorchBackend(tiny_model(len(tokenizer)).to(torch.bfloat16), TorchConfig(lr=1e-6))
+    first.update(copy.deepcopy(rows))
+    first.save(tmp_path / "ckpt")
+    second = TorchBackend(tiny_model(len(tokenizer), seed=5).to(torch.bfloat16), TorchConfig(lr=1e-6))
+    second.load(tmp_path / "ckpt")
+    for a, b in zip(first.master.parameters, second.master.parameters, strict=True):
+        assert a.dtype == torch.float32 and torch.equal(a, b)

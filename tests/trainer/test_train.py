@@ -140,8 +140,16 @@ def test_check_validates_and_stops(setup: Path) -> None:
 # ---------------------------------------------------------------------- a real run
 
 
+SIGNAL = ("ratio_first_mean", "ratio_first_min", "ratio_first_max", "sampler_kl", "clip_fraction", "advantage_mean",
+          "advantage_std", "advantage_max_abs", "groups", "flat_groups", "truncated_rows", "prefix_mismatches",
+          "no_reward_rollouts", "recomputed_logprobs")
+
+
 def test_a_short_run_from_a_config_file_trains_records_and_resumes(tmp_path: Path) -> None:
-    write_setup(tmp_path)
+    # at temperature 0.7: the gateway samples every call at it (whatever the agent asks) and the trainer computes
+    # its logprobs at it, so before the first update of each step the importance ratio is 1
+    write_setup(tmp_path, algorithm={"lr": 2e-3, "row_mode": "trajectory", "max_prompt_length": 64,
+                                     "max_response_length": 32, "temperature": 0.7})
     result = run(["train.yaml", "--quiet"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
@@ -152,6 +160,13 @@ def test_a_short_run_from_a_config_file_trains_records_and_resumes(tmp_path: Pat
     assert all(s["prefix_mismatches"] == 0 for s in steps) and sum(s["merged"] for s in steps) > 0
     assert steps[-1]["version"] >= STEPS
     assert all("loss" in s["metrics"] for s in steps)
+    # the signal's health, every step: sampler and trainer agree, advantages bounded (groups of 8: sqrt(7))
+    for s in steps:
+        assert set(SIGNAL) <= set(s["metrics"]), sorted(set(SIGNAL) - set(s["metrics"]))
+        assert s["metrics"]["ratio_first_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert 1 - 1e-2 < s["metrics"]["ratio_first_min"] <= s["metrics"]["ratio_first_max"] < 1 + 1e-2
+        assert s["metrics"]["advantage_max_abs"] <= 7 ** 0.5 + 1e-6
+    assert not any("sampler/trainer mismatch" in line for line in result.stderr.splitlines())
     for name in ("reward_curve.png", "loss_curve.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"agl train: {STEPS} steps, reward" in result.stdout
@@ -160,8 +175,9 @@ def test_a_short_run_from_a_config_file_trains_records_and_resumes(tmp_path: Pat
     with sqlite3.connect(tmp_path / "agl.db") as conn:
         recorded = dict(conn.execute("SELECT step, value FROM trainer_metrics WHERE name = 'reward_mean'").fetchall())
         losses = conn.execute("SELECT count(*) FROM trainer_metrics WHERE name = 'loss'").fetchone()[0]
+        names = {n for (n,) in conn.execute("SELECT DISTINCT name FROM trainer_metrics")}
         rollouts = conn.execute("SELECT count(*) FROM rollouts").fetchone()[0]
-    assert sorted(recorded) == list(range(1, STEPS + 1)) and losses == STEPS
+    assert sorted(recorded) == list(range(1, STEPS + 1)) and losses == STEPS and set(SIGNAL) <= names
     assert recorded[STEPS] == pytest.approx(steps[-1]["reward"])
     assert rollouts == STEPS * 16
 
@@ -173,14 +189,20 @@ def test_a_short_run_from_a_config_file_trains_records_and_resumes(tmp_path: Pat
     trained = torch.load(out / "checkpoint" / "trainer.pt", weights_only=True)["model"]
     assert any(not torch.equal(initial[k], trained[k]) for k in initial)
 
-    # the same command with more steps resumes from the checkpoint
-    again = run(["train.yaml", "--quiet", "--set", f"run.steps={STEPS + 1}"], tmp_path)
+    # the same command with more steps resumes from the checkpoint; its step has groups of one rollout, which
+    # have nothing to compare with (every advantage 0): agl train says so, in one line naming the cause
+    again = run(["train.yaml", "--quiet", "--set", f"run.steps={STEPS + 1}", "--set", "data.group_size=1"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed"] is True
     assert [s["step"] for s in summary["steps"]] == list(range(1, STEPS + 2))
     assert summary["steps"][:STEPS] == steps
     assert "(resumed)" in again.stdout
+    flat = f"agl train: step {STEPS + 1}: groups without spread: 2 of 2 groups scored every rollout alike and " \
+           "train on nothing; the tasks are too easy or too hard for the policy, or group_size is too small"
+    assert [line for line in again.stderr.splitlines() if "without spread" in line] == [flat]
+    assert flat.removeprefix("agl train: ") in summary["warnings"]
+    assert f"of {STEPS + 1} steps warned about the training signal (summary.json 'warnings')" in again.stderr
 
 
 def test_workers_as_ray_actors(tmp_path: Path) -> None:

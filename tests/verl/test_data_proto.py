@@ -43,7 +43,7 @@ BATCH = [
 
 
 def _data() -> DataProto:
-    scored, _ = compute_advantages(BATCH)
+    scored, _ = compute_advantages(BATCH, credit="final")
     rows, stats = build_rows(scored, "trajectory")
     assert stats.merged == 2 and stats.rows == 4
     return to_data_proto(rows, pad_id=PAD)
@@ -92,7 +92,7 @@ def test_verls_batch_operations_work_on_it() -> None:
 
 
 def test_truncation_is_counted() -> None:
-    scored, _ = compute_advantages(BATCH)
+    scored, _ = compute_advantages(BATCH, credit="final")
     rows, _ = build_rows(scored, "trajectory")
     data = to_data_proto(rows, max_prompt_length=2, max_response_length=3)
     assert data.batch["prompts"].shape == (4, 2) and data.batch["responses"].shape == (4, 3)

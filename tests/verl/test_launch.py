@@ -41,7 +41,10 @@ def test_agl_config_becomes_verl_config_with_every_key_known_to_verl() -> None:
     assert (rollout.name, rollout.mode, rollout.n, rollout.tensor_model_parallel_size) == ("vllm", "async", 2, 2)
     assert (actor.optim.lr, actor.clip_ratio_low, actor.clip_ratio_high) == (1e-6, 0.2, 0.28)
     assert actor.use_kl_loss is True and actor.kl_loss_coef == 0.001 and actor.ppo_epochs == 2
-    assert actor.loss_agg_mode == "seq-mean-token-mean"  # a row (a rollout, in trajectory mode) weighs one
+    # agl's per-rollout loss (tests/verl/test_per_rollout_loss.py); verl's KL/entropy terms as token means; the
+    # mini-batches as agl laid them out, and the replicas' logprobs of the distribution they sampled from
+    assert actor.policy_loss.loss_mode == "agl_per_rollout" and actor.loss_agg_mode == "token-mean"
+    assert actor.shuffle is False and rollout.logprobs_mode == "processed_logprobs" and rollout.temperature == 1.0
     assert verl_cfg.actor_rollout_ref.model.lora_rank == 16 and verl_cfg.actor_rollout_ref.model.lora_alpha == 32
     assert verl_cfg.algorithm.adv_estimator == "grpo" and verl_cfg.algorithm.norm_adv_by_std_in_grpo is False
     assert (verl_cfg.data.max_prompt_length, verl_cfg.data.max_response_length) == (512, 256)
@@ -56,7 +59,7 @@ def test_a_key_verl_does_not_have_fails_on_this_machine() -> None:
 
 
 def _batch(pad_to: int) -> object:
-    scored, _ = compute_advantages(BATCH)
+    scored, _ = compute_advantages(BATCH, credit="final")
     rows, _ = build_rows(scored, "trajectory")
     return to_data_proto(rows, pad_to_multiple=pad_to), rows
 

@@ -54,6 +54,9 @@ def _pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
               help="fill a sampling field the agent left out (repeatable)")
 @click.option("--sampling-override", "sampling_overrides", multiple=True, metavar="KEY=VALUE", callback=_pairs,
               help="replace a sampling field whatever the agent said (repeatable)")
+@click.option("--train-temperature", type=click.FloatRange(min=0, min_open=True), metavar="T",
+              help="sample every call as a training run needs: at temperature T with no top_p/top_k cut or "
+              "penalty (what `agl train --set server.url=...` checks for); --sampling-override still wins")
 @click.option("--device", default="cpu", show_default=True, help="torch engine device (cpu, cuda)")
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
               help="torch engine: most sequences per batch")
@@ -68,7 +71,8 @@ def _pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
               type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
 def serve(db: str, host: str, port: int, token: str | None, backend: str | None, engine: str | None,
           backend_key: str | None, backend_timeout: float, model: str | None, model_rule: str,
-          sampling_defaults: dict[str, Any], sampling_overrides: dict[str, Any], device: str, max_batch: int,
+          sampling_defaults: dict[str, Any], sampling_overrides: dict[str, Any], train_temperature: float | None,
+          device: str, max_batch: int,
           agent_match: str | None, lease_timeout: float, max_attempts: int, max_body_mb: float,
           log_level: str) -> None:
     """The agl trainer server: task queue, rollouts, model version, the token-recording OpenAI-compatible
@@ -78,7 +82,7 @@ def serve(db: str, host: str, port: int, token: str | None, backend: str | None,
                                "(the built-in torch engine)")
     from agl_core.errors import SchemaError
     from agl_core.transitions import TransitionBuilder
-    from agl_trainer.gateway import Backend, GatewayConfig, OpenAIBackend
+    from agl_trainer.gateway import Backend, GatewayConfig, OpenAIBackend, training_sampling
     from agl_trainer.server import ServerConfig, TrainerServer, check_bind
     from agl_trainer.server import serve as run_server
 
@@ -91,6 +95,8 @@ def serve(db: str, host: str, port: int, token: str | None, backend: str | None,
         builder = TransitionBuilder(agent_match=agent_match) if agent_match else None
     except SchemaError as exc:
         raise click.BadParameter(str(exc), param_hint="'--agent-match'") from None
+    if train_temperature is not None:
+        sampling_overrides = {**training_sampling(train_temperature), **sampling_overrides}
     chosen: Backend
     if backend is not None:
         chosen = OpenAIBackend(backend, backend_key, timeout_s=backend_timeout)

@@ -151,7 +151,8 @@ class AlgorithmConfig(_Section):
     scale_advantages: Bool = True
     """Divide by the group's std (GRPO); false: only the mean is taken away (Dr. GRPO)."""
     temperature: Annotated[Float, Field(gt=0.0)] | None = 1.0
-    """Sampling temperature the gateway enforces (the recorded logprobs are of this distribution); None: the agent's."""
+    """The temperature the policy samples at: the gateway enforces it (with no top_p/top_k cut) and the trainer
+    computes its logprobs at it, so the recorded logprobs and the trained ones are of one distribution."""
 
 
 class CreditConfig(_Section):
@@ -334,6 +335,11 @@ def _cross_check(config: Config) -> None:
         except re.error as exc:
             raise ConfigError("agent_match", f"{config.agent_match!r} is not a valid regular expression: {exc}"
                               ) from None
+    if config.algorithm.temperature is None:
+        raise ConfigError("algorithm.temperature", "must be a number: with null each call would sample at the "
+                          "temperature its agent asked for, while the trainer computes its logprobs at one "
+                          "temperature, so the importance ratio would compare two distributions; set the temperature "
+                          "the policy samples at (the gateway enforces it on every call)")
     high = config.algorithm.clip_epsilon_high
     if high is not None and high < config.algorithm.clip_epsilon:
         raise ConfigError("algorithm.clip_epsilon_high", f"must be at least algorithm.clip_epsilon "

@@ -13,14 +13,21 @@ answers them (``prompt_token_ids``, per-choice ``token_ids``, per-token
   cache, each row with its own sampling (``temperature`` (0: greedy),
   ``top_p``, ``top_k``, ``seed``, ``max_tokens``, ``stop``) and its own end.
   Generation runs in one background thread, so the event loop stays free.
-- **Logprobs** are those of the model's unmodified distribution at each
-  sampled token, as vLLM reports them by default: with ``temperature`` 1 they
-  are exactly the sampling policy's. The response token ids include the end
-  token when the model stopped on one, so a trainer teaches the model to stop.
+- **Logprobs** are those of the distribution each token was sampled from: the
+  logits divided by ``temperature``, cut to ``top_k`` and ``top_p`` and
+  renormalised (vLLM's ``processed_logprobs``), so they are the behaviour
+  policy's whatever the sampling settings; a trainer computes its own at the same
+  temperature (:func:`agl_trainer.loss.token_logprobs`). Greedy calls
+  (``temperature`` 0) carry the model's unscaled logprobs. The response token ids
+  include the end token when the model stopped on one, so a trainer teaches the
+  model to stop.
 - **Tool calls**: the response text's ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
   blocks (the Hermes/Qwen convention) become OpenAI ``tool_calls``. Streamed, text goes out as
   it is generated and each tool call as soon as its block closes; only what may still become a
-  ``<tool_call>`` tag or a stop string is held back.
+  ``<tool_call>`` tag or a stop string is held back. A block that is not a call (its JSON does
+  not parse, or names no function) or that never closed (cut off by ``max_tokens``) stays in
+  the text, as vLLM's parser leaves it: the ``TransitionBuilder`` reads such a block as a
+  malformed tool call (``AirRules.malformed_tool_call``).
 - **Cancelling**: an agent that goes away (its stream or its request is dropped) has its row
   taken out of generation at the next step, so it costs nothing more.
 - **Weights** are swapped in place between batches: :meth:`TorchEngine.swap_weights`
@@ -459,12 +466,12 @@ class TorchEngine:
                 if not any(alive):
                     break
                 logits = out.logits[:, -1, :].float()
-                logprobs = torch.log_softmax(logits, dim=-1)
                 chosen = torch.full((len(batch),), self.pad_id, dtype=torch.long, device=device)
+                picked = [0.0] * len(batch)
                 for i, r in enumerate(batch):
                     if alive[i]:
-                        chosen[i] = self._sample(logits[i], r, generators[i])
-                picked = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
+                        token, picked[i] = self._sample(logits[i], r, generators[i])
+                        chosen[i] = token
                 tokens = chosen.tolist()
                 for i, r in enumerate(batch):
                     if not alive[i]:
@@ -491,21 +498,27 @@ class TorchEngine:
             return self._generator
         return self.torch.Generator(device="cpu").manual_seed(int(row.seed))
 
-    def _sample(self, logits: Any, row: _Row, generator: Any) -> int:
+    def _sample(self, logits: Any, row: _Row, generator: Any) -> tuple[int, float]:
+        """A token and its logprob under the distribution it was drawn from (see the module docstring)."""
         torch = self.torch
         if row.temperature == 0:
-            return int(torch.argmax(logits).item())
+            token = int(torch.argmax(logits).item())
+            return token, float(torch.log_softmax(logits, dim=-1)[token])
         scores = logits / row.temperature
-        if row.top_k and row.top_k < scores.shape[-1]:
+        if 0 < row.top_k < scores.shape[-1]:
             kth = torch.topk(scores, row.top_k).values[-1]
             scores = scores.masked_fill(scores < kth, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        logprobs = torch.log_softmax(scores, dim=-1)
+        probs = logprobs.exp()
         if row.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             keep = sorted_probs.cumsum(-1) - sorted_probs < row.top_p
             filtered = torch.zeros_like(probs).scatter(0, order, sorted_probs * keep)
-            probs = filtered / filtered.sum()
-        return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+            kept = filtered.sum()
+            probs = filtered / kept
+            logprobs = logprobs - torch.log(kept)  # renormalised over the tokens top_p kept
+        token = int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+        return token, float(logprobs[token])
 
     def _finished(self, row: _Row, token: int) -> str | None:
         if token in self.eos_ids:

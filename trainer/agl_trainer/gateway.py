@@ -28,8 +28,10 @@ event) leaves. Streaming keeps the ids: they are read chunk by chunk.
 - Sampling fields (``temperature``, ``top_p``, ``max_tokens``, ``seed``,
   ``stop``, ``n``, ...): the agent's values are honoured, since they are part of
   the agent's behaviour; ``sampling_defaults`` fill in what the agent left out;
-  ``sampling_overrides`` replace what the agent said (say ``{"temperature":
-  1.0}`` so the recorded logprobs are those of the policy being trained).
+  ``sampling_overrides`` replace what the agent said. Training runs pin
+  :func:`training_sampling` there (``agl train``, ``agl serve --train-temperature``):
+  the temperature the trainer computes its logprobs at, and no ``top_p``/``top_k``
+  cut or penalty, so the recorded logprobs are of the distribution being trained.
 - ``return_token_ids`` and ``logprobs`` are always asked of the backend; the
   agent's reply carries token ids and logprobs only when the agent asked for
   them itself, so the agent sees the reply it would get from the backend.
@@ -55,7 +57,8 @@ from agl_trainer.api import DEFAULT_MAX_BODY_BYTES, ApiError, error_body, read_j
 from agl_trainer.token_records import TokenRecord, TokenRecords, parse_traceparent
 from agl_trainer.upstream import Upstream
 
-__all__ = ["Backend", "BackendError", "BackendReply", "Chunks", "Gateway", "GatewayConfig", "OpenAIBackend"]
+__all__ = ["Backend", "BackendError", "BackendReply", "Chunks", "Gateway", "GatewayConfig", "OpenAIBackend",
+           "sampling_mismatch", "training_sampling"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -229,6 +232,26 @@ class GatewayConfig:
             for key in getattr(self, name):
                 if key in _NOT_SAMPLING:
                     raise ValueError(f"{name} may not set {key!r}: it is not a sampling field")
+
+
+def training_sampling(temperature: float) -> dict[str, Any]:
+    """The sampling overrides of a training run: the policy samples from ``softmax(logits / temperature)``.
+
+    That is the distribution a trainer can compute logprobs of (:func:`agl_trainer.loss.token_logprobs`),
+    so whatever the agent asks, the gateway pins every other field that reshapes it: no ``top_p`` or
+    ``top_k`` cut, no ``min_p``, no penalties (a value the model's own generation config would fill in
+    on vLLM too). ``top_k`` -1 is "off" for vLLM and the torch engine alike.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"a training run samples at a temperature above 0, got {temperature!r}")
+    return {"temperature": float(temperature), "top_p": 1.0, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0,
+            "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+
+def sampling_mismatch(overrides: Mapping[str, Any], temperature: float) -> list[str]:
+    """The fields of :func:`training_sampling` that ``overrides`` (a gateway's) does not pin as training needs."""
+    wanted = training_sampling(temperature)
+    return [key for key, value in wanted.items() if overrides.get(key) != value]
 
 
 def wants_logprobs(value: Any) -> bool:

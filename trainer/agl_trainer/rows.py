@@ -24,7 +24,11 @@ between them) is cut at that length, and the loss tokens beyond it are dropped. 
 trajectory mode a call that would push the merged row past ``max_response_length``
 starts a new row instead, so merging never costs loss tokens that a row of their own
 would keep. Each row cut is counted (:attr:`RowStats.truncated_rows`), and the rollout's
-unit of loss weight is spread over the loss tokens that are left.
+unit of loss weight is spread over the loss tokens that are left. A row whose prompt was
+cut loses its recorded logprobs (``old_logprobs`` None, counted in
+:attr:`RowStats.recomputed_logprobs`): the gateway computed them with the context the cut
+removed, so the backend recomputes them on the row as it is trained, and the first-pass
+importance ratio stays 1. Cutting the end changes no kept token's logprob.
 
 Transitions without token ids (no gateway in front of the model, and no ids in the
 response) cannot be trained on and are counted, not guessed; transitions without
@@ -65,7 +69,8 @@ class Row:
     prompt_len: int = 0
     """Tokens before the first response token (the first call's prompt)."""
     reward: float = 0.0
-    """The rollout's return, for trainers that compute advantages themselves (verl's GRPO)."""
+    """The credited reward of the row's first call (in transition rows: its call's), for trainers that compute
+    advantages themselves (verl's GRPO); with ``final`` credit, the rollout's return."""
 
     @property
     def loss_tokens(self) -> int:
@@ -89,6 +94,8 @@ class RowStats:
     """Rows cut to ``max_prompt_length`` / ``max_response_length`` (either or both)."""
     truncated_prompts: int = 0
     truncated_responses: int = 0
+    recomputed_logprobs: int = 0
+    """Rows whose prompt was cut: their recorded logprobs saw the lost context, so the backend recomputes them."""
     dropped_loss_tokens: int = 0
     """Response tokens cut off the end of a row: sampled, but not trained on."""
     length_splits: int = 0
@@ -104,7 +111,7 @@ class RowStats:
 class _Open:
     """A row being built."""
 
-    def __init__(self, scored: ScoredRollout, t: Transition, advantage: float) -> None:
+    def __init__(self, scored: ScoredRollout, t: Transition, advantage: float, credited: float) -> None:
         prompt = list(t.prompt_token_ids or [])
         response = list(t.response_token_ids or [])
         self.ids = prompt + response
@@ -115,6 +122,7 @@ class _Open:
         self.transitions = 1
         self.prompt_len = len(prompt)
         self.scored = scored
+        self.credited = credited
 
     def extends(self, t: Transition) -> bool:
         prompt = t.prompt_token_ids or []
@@ -130,7 +138,8 @@ class _Open:
             drop = self.prompt_len - max_prompt
             self.ids, self.mask, self.adv = self.ids[drop:], self.mask[drop:], self.adv[drop:]
             if self.lp is not None:
-                self.lp = self.lp[drop:]
+                self.lp = None  # recorded with the context just cut: not the logprobs of this row
+                stats.recomputed_logprobs += 1
             self.prompt_len = max_prompt
             stats.truncated_prompts += 1
             cut = True
@@ -183,7 +192,7 @@ def build_rows(scored: Iterable[ScoredRollout], mode: RowMode = "transition", *,
             rows.append(Row(
                 rollout_id=item.rollout_id, group=item.group, input_ids=o.ids, loss_mask=o.mask, advantages=o.adv,
                 token_weights=[share * m for m in o.mask], old_logprobs=o.lp, transitions=o.transitions,
-                prompt_len=o.prompt_len, reward=item.ret))
+                prompt_len=o.prompt_len, reward=o.credited))
             stats.tokens += len(o.ids)
             stats.loss_tokens += sum(o.mask)
     stats.rows = len(rows)
@@ -194,7 +203,7 @@ def _rows_of(item: ScoredRollout, mode: RowMode, stats: RowStats, max_response: 
     built: list[_Open] = []
     current: _Open | None = None
     transitions: Sequence[Transition] = item.trajectory.transitions
-    for t, advantage in zip(transitions, item.advantages, strict=True):
+    for t, advantage, credited in zip(transitions, item.advantages, item.credited, strict=True):
         stats.transitions += 1
         source = str(t.token_source)
         stats.token_sources[source] = stats.token_sources.get(source, 0) + 1
@@ -213,6 +222,6 @@ def _rows_of(item: ScoredRollout, mode: RowMode, stats: RowStats, max_response: 
                 stats.length_splits += 1
             else:
                 stats.prefix_mismatches += 1
-        current = _Open(item, t, advantage)
+        current = _Open(item, t, advantage, credited)
         built.append(current)
     return built

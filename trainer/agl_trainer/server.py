@@ -20,7 +20,8 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
 - The listings (``GET /v1/tasks``, ``/v1/rollouts``, ``/v1/transitions``, ``/v1/trajectories``) are
   paged: ``limit`` (default 1000, at most 10000) and ``after=<the previous page's next>``; each
   answer has ``next``, null on the last page (:mod:`agl_trainer.paging`).
-- ``GET /v1/model``; ``POST /v1/model`` ``{"version", "weights"?}``: the trainer announces weights.
+- ``GET /v1/model`` (with ``sampling``: the gateway's sampling overrides, which a trainer checks against its
+  own); ``POST /v1/model`` ``{"version", "weights"?}``: the trainer announces weights.
 - ``POST /v1/metrics`` ``{"step", "values": {name: number}}``; ``GET /v1/metrics``: training curves by step.
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
@@ -337,7 +338,7 @@ class TrainerServer:
         except Exception:  # noqa: BLE001 - the version is still worth answering while the backend is down
             name = None
         return _json({"model": name, "version": self.model.version, "weights": self.model.weights,
-                      "updated_at": self.model.updated})
+                      "updated_at": self.model.updated, "sampling": self.gateway.config.sampling_overrides})
 
     async def post_model(self, request: Request) -> Response:
         body = read_object(await read_json(request, self.config.max_body_bytes))

@@ -13,6 +13,18 @@ optimizer and, with ``kl_coef``, a frozen reference copy. Per step:
    (:meth:`agl_trainer.engine.TorchEngine.swap_weights`), so the next rollouts sample
    from them: on-policy.
 
+Logprobs are computed at ``TorchConfig.temperature``, the temperature the engine sampled
+at (the gateway enforces it in training runs), so they are of the distribution whose
+logprobs the gateway recorded: before the first optimizer step of an update the policy
+is the sampler and the importance ratio is 1 (reported as ``ratio_first_*``).
+
+**Precision** (:class:`MasterWeights`): a model loaded in bfloat16 or float16 is trained
+with float32 master weights. Forward and backward run in the model's dtype; each
+micro-batch's gradient is added into a float32 gradient, AdamW steps the float32 copy,
+and the model's parameters are the copy rounded to their dtype after every step. AdamW
+stepping bf16 weights directly loses every update smaller than half a bf16 step (one
+part in 256): at ``lr`` 1e-6 almost no weight moves. float16 adds a dynamic loss scale.
+
 LoRA (``lora=LoraOptions(...)``, needs ``peft``): only the adapters train; the engine
 is served merged weights (base + the adapters' delta), computed without touching the
 trained model.
@@ -34,7 +46,7 @@ from typing import Any
 from agl_trainer.loss import policy_loss, token_logprobs
 from agl_trainer.rows import Row
 
-__all__ = ["LoraOptions", "TorchBackend", "TorchConfig"]
+__all__ = ["LoraOptions", "MasterWeights", "TorchBackend", "TorchConfig"]
 
 
 @dataclass
@@ -62,6 +74,8 @@ class TorchConfig:
     max_grad_norm: float | None = 1.0
     max_tokens_per_forward: int = 16384
     lora: LoraOptions | None = None
+    temperature: float = 1.0
+    """The sampling temperature of the rows' recorded logprobs; the policy's logprobs are taken at it too."""
 
 
 class TorchBackend:
@@ -83,10 +97,12 @@ class TorchBackend:
                 p.requires_grad_(False)
         if self.config.lora is not None:
             model = _with_lora(model, self.config.lora)
+        if not self.config.temperature > 0:
+            raise ValueError(f"TorchConfig.temperature must be above 0, got {self.config.temperature!r}")
         self.model = model
         self.model.train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=self.config.betas,
+        self.master = MasterWeights([p for p in self.model.parameters() if p.requires_grad])
+        self.optimizer = torch.optim.AdamW(self.master.parameters, lr=self.config.lr, betas=self.config.betas,
                                            weight_decay=self.config.weight_decay)
         self.step = 0
         self.version = 0
@@ -95,7 +111,6 @@ class TorchBackend:
 
     def update(self, rows: Sequence[Row]) -> dict[str, float]:
         """One training step over ``rows``; returns the step's metrics."""
-        torch = self.torch
         started = time.perf_counter()
         rows = [r for r in rows if r.loss_tokens]
         if not rows:
@@ -109,37 +124,44 @@ class TorchBackend:
         parts = max(1, min(self.config.minibatches, len(rollout_ids)))
         totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0,
                   "grad_norm": 0.0}
+        first = _FirstPass()
         passes = 0
+        skipped = 0
         self.model.train()
         for _ in range(self.config.epochs):
             for k in range(parts):
                 chosen = rollout_ids[k::parts]
                 indices = [i for rid in chosen for i in by_rollout[rid]]
                 n_rollouts = float(sum(sum(rows[i].token_weights) for i in indices)) or 1.0
+                part_tokens = sum(rows[i].loss_tokens for i in indices) or 1
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro_ids in _micro_batches([len(rows[i].input_ids) for i in indices],
                                                 self.config.max_tokens_per_forward):
                     micro = [indices[j] for j in micro_ids]
                     batch = self._tensors([rows[i] for i in micro], [ref[i] for i in micro] if ref else None)
-                    logp = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"])
+                    logp = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
+                                          temperature=self.config.temperature)
                     parts_ = policy_loss(logp, batch["old"], batch["adv"], batch["weights"], rollouts=n_rollouts,
                                          clip_low=self.config.clip_low, clip_high=self.config.clip_high,
                                          ref_logp=batch.get("ref"), kl_coef=self.config.kl_coef)
-                    parts_.loss.backward()
-                    share = len(micro) / len(indices)
+                    self.master.backward(parts_.loss)
+                    share = parts_.tokens / part_tokens
                     totals["loss"] += float(parts_.loss.detach())
                     totals["pg"] += parts_.pg
                     totals["kl"] += parts_.kl
                     for key in ("clip_fraction", "ratio_mean", "approx_kl"):
                         totals[key] += getattr(parts_, key) * share
-                params = [p for p in self.model.parameters() if p.requires_grad]
-                if self.config.max_grad_norm is not None:
-                    norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
-                    totals["grad_norm"] += float(norm)
-                self.optimizer.step()
+                    if passes == 0:  # no optimizer step yet: the policy is still the one that sampled
+                        first.add(parts_)
+                norm, stepped = self.master.step(self.optimizer, self.config.max_grad_norm)
+                totals["grad_norm"] += norm
+                skipped += not stepped
                 passes += 1
         self.step += 1
         metrics = {k: v / passes for k, v in totals.items()}
+        metrics.update(first.metrics())
+        if skipped:
+            metrics["skipped_steps"] = float(skipped)  # float16: the loss scale overflowed, that step was not taken
         tokens = sum(len(r.input_ids) for r in rows)
         elapsed = time.perf_counter() - started
         metrics.update({"rows": float(len(rows)), "rollouts": float(len(rollout_ids)), "tokens": float(tokens),
@@ -185,7 +207,8 @@ class TorchBackend:
                 for i, r in enumerate(micro):
                     ids[i, :len(r.input_ids)] = torch.tensor(r.input_ids)
                     attention[i, :len(r.input_ids)] = 1
-                lp = token_logprobs(model, ids.to(self.device), attention.to(self.device)).cpu()
+                lp = token_logprobs(model, ids.to(self.device), attention.to(self.device),
+                                    temperature=self.config.temperature).cpu()
                 for i, j in enumerate(micro_ids):
                     out[j] = [0.0] + lp[i, :len(micro[i].input_ids) - 1].tolist()
         return out
@@ -226,8 +249,8 @@ class TorchBackend:
         path = os.path.join(folder, "trainer.pt")
         tmp = path + ".tmp"
         torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "step": self.step, "version": self.version, "rng": torch.get_rng_state(),
-                    "config": json.dumps(asdict(self.config))}, tmp)
+                    "master": self.master.state_dict(), "step": self.step, "version": self.version,
+                    "rng": torch.get_rng_state(), "config": json.dumps(asdict(self.config))}, tmp)
         os.replace(tmp, path)
         if extra is not None:
             meta = os.path.join(folder, "trainer.json")
@@ -241,6 +264,7 @@ class TorchBackend:
         torch = self.torch
         state = torch.load(os.path.join(folder, "trainer.pt"), map_location=self.device, weights_only=True)
         self.model.load_state_dict(state["model"])
+        self.master.load_state_dict(state.get("master"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.version = int(state["version"])
@@ -255,6 +279,120 @@ class TorchBackend:
     @staticmethod
     def has_checkpoint(folder: str | os.PathLike[str]) -> bool:
         return os.path.exists(os.path.join(folder, "trainer.pt"))
+
+
+class MasterWeights:
+    """float32 master weights for the trainable parameters of a model kept in bfloat16 or float16.
+
+    The optimizer steps :attr:`parameters`: the model's own parameter where it is float32
+    already, a float32 copy where it is not. :meth:`backward` runs the backward pass and
+    moves each low-precision gradient into its master's, in float32, so micro-batches add up
+    without rounding; :meth:`step` clips the float32 gradients, steps the optimizer and
+    writes each master back into its parameter, rounded to the parameter's dtype (what the
+    engine is served). With float16 parameters the loss is scaled before backward (a
+    dynamic scale: halved, and that step skipped, on an overflow; doubled after 200 clean
+    steps) so that small gradients do not underflow; bfloat16 has float32's range and needs
+    none. A float32 model has nothing to copy: every master is its parameter, and this is
+    plain AdamW.
+    """
+
+    def __init__(self, params: Sequence[Any]) -> None:
+        import torch
+
+        self.torch = torch
+        self.model_params = list(params)
+        self.parameters: list[Any] = [p if p.dtype == torch.float32 else
+                                      torch.nn.Parameter(p.detach().float().clone()) for p in self.model_params]
+        self.copied = [m is not p for m, p in zip(self.parameters, self.model_params, strict=True)]
+        self.loss_scale = 2.0 ** 16 if any(p.dtype == torch.float16 for p in self.model_params) else 1.0
+        self._clean_steps = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether any parameter has a float32 copy (the model is not all float32)."""
+        return any(self.copied)
+
+    def backward(self, loss: Any) -> None:
+        """``loss.backward()``, then each low-precision gradient added into its master's, in float32."""
+        (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
+        for param, master, copied in zip(self.model_params, self.parameters, self.copied, strict=True):
+            if not copied or param.grad is None:
+                continue
+            grad = param.grad.float()
+            master.grad = grad if master.grad is None else master.grad.add_(grad)
+            param.grad = None
+
+    def step(self, optimizer: Any, max_grad_norm: float | None) -> tuple[float, bool]:
+        """Unscale, clip and step the masters, then round them into the model; ``(grad_norm, stepped)``."""
+        torch = self.torch
+        grads = [m.grad for m in self.parameters if m.grad is not None]
+        if self.loss_scale != 1.0:
+            for g in grads:
+                g.div_(self.loss_scale)
+            if not all(bool(torch.isfinite(g).all()) for g in grads):
+                self.loss_scale /= 2.0  # an overflow: this step's gradient is lost, not applied
+                self._clean_steps = 0
+                optimizer.zero_grad(set_to_none=True)
+                return 0.0, False
+            self._clean_steps += 1
+            if self._clean_steps >= 200:
+                self.loss_scale *= 2.0
+                self._clean_steps = 0
+        norm = 0.0
+        if max_grad_norm is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for param, master, copied in zip(self.model_params, self.parameters, self.copied, strict=True):
+                if copied:
+                    param.copy_(master)
+        return norm, True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"masters": [m.detach().cpu() for m, c in zip(self.parameters, self.copied, strict=True) if c],
+                "loss_scale": self.loss_scale}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Masters from :meth:`state_dict`; None (a checkpoint without them): taken from the loaded model."""
+        torch = self.torch
+        with torch.no_grad():
+            if state is None:
+                for param, master, copied in zip(self.model_params, self.parameters, self.copied, strict=True):
+                    if copied:
+                        master.copy_(param.float())
+                return
+            masters = iter(state["masters"])
+            for master, copied in zip(self.parameters, self.copied, strict=True):
+                if copied:
+                    master.copy_(next(masters).to(master.device))
+            self.loss_scale = float(state.get("loss_scale", self.loss_scale))
+
+
+class _FirstPass:
+    """The importance ratio and the KL to the sampler over the rows seen before an update's first optimizer step."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.ratio_sum = 0.0
+        self.kl_sum = 0.0
+        self.low = float("inf")
+        self.high = float("-inf")
+
+    def add(self, parts: Any) -> None:
+        if not parts.tokens:
+            return
+        self.tokens += parts.tokens
+        self.ratio_sum += parts.ratio_mean * parts.tokens
+        self.kl_sum += parts.sampler_kl * parts.tokens
+        self.low = min(self.low, parts.ratio_min)
+        self.high = max(self.high, parts.ratio_max)
+
+    def metrics(self) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        return {"ratio_first_mean": self.ratio_sum / self.tokens, "ratio_first_min": self.low,
+                "ratio_first_max": self.high, "sampler_kl": self.kl_sum / self.tokens}
 
 
 def _micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

@@ -93,6 +93,10 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
         click.echo(f"agl train: {len(steps)} steps{' (resumed)' if outcome.resumed else ''}, reward "
                    f"{first['reward']:.3f} at step {first['step']} -> {last['reward']:.3f} at step {last['step']}, "
                    f"{outcome.wall_s:.0f} s")
+        warned = sum(1 for s in steps if s.get("warnings"))
+        if warned:
+            click.echo(f"agl train: {warned} of {len(steps)} steps warned about the training signal (summary.json "
+                       "'warnings')", err=True)
     for name, path in outcome.files.items():
         click.echo(f"{name}: {path}")
 
@@ -130,17 +134,18 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
     torch.manual_seed(config.run.seed)
     builder = _builder(config)
     token = config.server.token or os.environ.get("AGL_TOKEN") or None
-    backend, tokenizer = _torch_backend(config)
     local = None
     engine: Any = None
-    link: Any
-    if config.server.url:
+    link: Any = None
+    if config.server.url:  # before the model loads: a server that samples otherwise is refused at once
         weights = config.path(config.server.weights_dir) if config.server.weights_dir else \
             os.path.join(folder, "weights")
         link = RemoteServer(config.server.url, token, weights_dir=weights, builder=builder,
                             timeout=config.run.step_timeout_s)
         url = link.url
-    else:
+        _check_remote_sampling(link, float(config.algorithm.temperature or 1.0))
+    backend, tokenizer = _torch_backend(config)
+    if link is None:
         local, engine = _local_server(config, builder, token, tokenizer)
         link = local.server
         url = local.url
@@ -181,10 +186,29 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
         files["store"] = config.path(config.server.db)
     outcome = TrainOutcome(steps=steps, folder=folder, resumed=bool(resumed), wall_s=time.monotonic() - started,
                            server_url=url, files=files)
+    warnings = [f"step {s['step']}: {line}" for s in steps for line in s.get("warnings", [])]
     with open(files["summary"], "w", encoding="utf-8") as f:
         json.dump({"config": config.model_dump(mode="json"), "resumed": outcome.resumed, "wall_s": outcome.wall_s,
-                   "server": url, "steps": steps}, f, indent=1)
+                   "server": url, "warnings": warnings, "steps": steps}, f, indent=1)
     return outcome
+
+
+def _check_remote_sampling(link: Any, temperature: float) -> None:
+    """Refuse a server whose gateway lets calls sample from another distribution than the one trained here."""
+    from agl_trainer.gateway import sampling_mismatch
+
+    try:
+        found = link.sampling()
+    except Exception:
+        link.close()
+        raise
+    wrong = sampling_mismatch(found, temperature)
+    if wrong:
+        link.close()
+        shown = ", ".join(f"{k}={found[k]!r}" if k in found else f"{k} passed through from the agent" for k in wrong)
+        raise ConfigError("server.url", f"the server's gateway does not sample as this run trains ({shown}): its "
+                          f"recorded logprobs would not be of softmax(logits / {temperature:g}); start it with "
+                          f"`agl serve ... --train-temperature {temperature:g}` (algorithm.temperature)")
 
 
 def _builder(config: Config) -> Any:
@@ -219,7 +243,8 @@ def _torch_backend(config: Config) -> tuple[Any, Any]:
     options = TorchConfig(lr=a.lr, weight_decay=a.weight_decay, clip_low=a.clip_epsilon,
                           clip_high=a.clip_epsilon_high if a.clip_epsilon_high is not None else a.clip_epsilon,
                           kl_coef=a.kl_coef, epochs=b.epochs, minibatches=b.minibatches, max_grad_norm=a.max_grad_norm,
-                          max_tokens_per_forward=b.max_tokens_per_forward, lora=lora)
+                          max_tokens_per_forward=b.max_tokens_per_forward, lora=lora,
+                          temperature=float(a.temperature or 1.0))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     return TorchBackend(model, options, device=b.device, pad_id=pad), tokenizer
 
@@ -241,7 +266,7 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
     from transformers import AutoModelForCausalLM
 
     from agl_trainer.engine import TorchEngine
-    from agl_trainer.gateway import GatewayConfig
+    from agl_trainer.gateway import GatewayConfig, training_sampling
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer, check_bind
 
     try:
@@ -253,7 +278,7 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
     served = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, b.dtype))
     engine = TorchEngine(served, copy.deepcopy(tokenizer), name=os.path.basename(os.path.normpath(path)),
                          device=b.device, max_batch=b.max_batch, seed=config.run.seed)
-    overrides = {"temperature": config.algorithm.temperature} if config.algorithm.temperature is not None else {}
+    overrides = training_sampling(float(config.algorithm.temperature or 1.0))
     server_config = ServerConfig(db_path=config.path(config.server.db), host=config.server.host,
                                  port=config.server.port, token=token, max_attempts=config.server.max_attempts,
                                  lease_timeout_s=config.server.lease_timeout_s, builder=builder,
@@ -336,12 +361,9 @@ def _train_config(config: Config, folder: str) -> Any:
     from agl_trainer.training import TrainConfig
 
     a = config.algorithm
-    credit: Any = config.credit.method
-    if credit == "custom":
-        from agl_core.worker import load_agent
-
-        credit = load_agent(str(config.credit.function))
-    return TrainConfig(tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size, credit=credit,
+    # credit=None: the builder (``_builder``: credit.method, credit.gamma) credits every call of the run, trained
+    # or not, before agent_match picks the trained ones; crediting here again would see the trained calls alone
+    return TrainConfig(tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size, credit=None,
                        gamma=config.credit.gamma, scale_advantages=a.scale_advantages, row_mode=a.row_mode,
                        step_timeout_s=config.run.step_timeout_s, max_attempts=config.server.max_attempts,
                        checkpoint_dir=os.path.join(folder, "checkpoint"), checkpoint_every=config.run.checkpoint_every,

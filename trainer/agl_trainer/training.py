@@ -9,15 +9,18 @@ Each step reads as its stages:
    unchanged agent against the gateway; wait until every task of the step is done or
    has failed for good, and read their trajectories from the store (the server's
    ``TransitionBuilder`` chose the trained agent's calls and the AIR rewards);
-3. **score**: credit assignment and per-rollout group advantages
+3. **score**: per-rollout group advantages of the credited rewards the server's
+   ``TransitionBuilder`` assigned over the whole run
    (:func:`agl_trainer.advantages.compute_advantages`);
-4. **rows**: :func:`agl_trainer.rows.build_rows`, per transition or per trajectory;
+4. **rows**: :func:`agl_trainer.rows.build_rows`, per transition or per trajectory
+   (3 and 4 are :func:`score_batch`, which the verl backend runs too);
 5. **update**: :meth:`agl_trainer.torch_backend.TorchBackend.update`;
 6. **publish**: the new weights into the serving engine, and the server's model version
    moves on, so the next step's calls are sampled from (and recorded as) the new policy;
-7. **record**: the step's metrics (reward, loss, KL, rollouts/s, ...) go to the server
-   (``record_metrics``: its dashboard and ``GET /v1/metrics`` draw them), and with
-   ``curves_dir`` the reward and loss curves are redrawn as PNG.
+7. **record**: the step's metrics (reward, loss, KL, rollouts/s, and the signal's health:
+   :mod:`agl_trainer.signal_health`) go to the server (``record_metrics``: its dashboard
+   and ``GET /v1/metrics`` draw them), each health warning is logged as one line
+   (:attr:`StepResult.warnings`), and with ``curves_dir`` the curves are redrawn as PNG.
 
 The server is reached through a link: :class:`LocalServer` (a :class:`TrainerServer`
 in this process, its queue and store used directly, new weights copied into its
@@ -43,13 +46,14 @@ from typing import Any, Protocol
 
 from agl_core.credit import Credit
 from agl_core.schema import Trajectory
-from agl_trainer.advantages import compute_advantages
-from agl_trainer.rows import RowMode, build_rows
+from agl_trainer.advantages import AdvantageStats, ScoredRollout, compute_advantages
+from agl_trainer.rows import Row, RowMode, RowStats, build_rows
 from agl_trainer.server import TrainerServer
+from agl_trainer.signal_health import SignalBounds, batch_signal, signal_warnings, warning_flags
 from agl_trainer.torch_backend import TorchBackend
 
-__all__ = ["LocalServer", "RemoteServer", "ServerLink", "StepResult", "TrainConfig", "Trainer", "load_history",
-           "write_curves"]
+__all__ = ["LocalServer", "RemoteServer", "ServerLink", "StepBatch", "StepResult", "TrainConfig", "Trainer",
+           "load_history", "score_batch", "write_curves"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -60,8 +64,11 @@ class TrainConfig:
 
     tasks_per_step: int = 4
     group_size: int = 8
-    credit: Credit | None = "final"
-    """Credit assignment over the trained transitions; None: the server builder's ``credited_reward``."""
+    credit: Credit | None = None
+    """None (the default): each transition's ``credited_reward``, which the server's ``TransitionBuilder``
+    assigned over every call of the run, trained or not (set the method there). A method here credits the
+    trained transitions alone: only for trajectories that hold every call of their run (see
+    :func:`agl_trainer.advantages.compute_advantages`, which refuses the others)."""
     gamma: float = 1.0
     scale_advantages: bool = True
     row_mode: RowMode = "trajectory"
@@ -75,6 +82,31 @@ class TrainConfig:
     """Rows' responses (with the tool tokens between them) are cut at this many tokens."""
     curves_dir: str | None = None
     """Where ``reward_curve.png`` and ``loss_curve.png`` are redrawn after each step; None: not drawn."""
+    signal_bounds: SignalBounds = field(default_factory=SignalBounds)
+    """When a step's signal health is worth a warning (:func:`agl_trainer.signal_health.signal_warnings`)."""
+
+
+@dataclass
+class StepBatch:
+    """A step's scored rollouts and training rows, with what scoring and row building counted."""
+
+    scored: list[ScoredRollout]
+    advantage_stats: AdvantageStats
+    rows: list[Row]
+    row_stats: RowStats
+
+    def signal(self) -> dict[str, float]:
+        """The batch's side of the signal health (:func:`agl_trainer.signal_health.batch_signal`)."""
+        return batch_signal(self.advantage_stats, self.rows, self.row_stats)
+
+
+def score_batch(trajectories: Sequence[Trajectory], config: TrainConfig) -> StepBatch:
+    """Stages 3 and 4 of a step (score, rows) as ``config`` sets them; the torch and verl backends both run this."""
+    scored, stats = compute_advantages(trajectories, credit=config.credit, gamma=config.gamma,
+                                       scale=config.scale_advantages)
+    rows, row_stats = build_rows(scored, config.row_mode, max_prompt_length=config.max_prompt_length,
+                                 max_response_length=config.max_response_length)
+    return StepBatch(scored, stats, rows, row_stats)
 
 
 @dataclass
@@ -103,7 +135,10 @@ class StepResult:
     truncated_rows: int = 0
     """Rows cut to ``max_prompt_length`` / ``max_response_length``."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """The update's numbers: ``loss``, ``pg``, ``kl``, ``clip_fraction``, ``approx_kl``, ``grad_norm``, ..."""
+    """The update's numbers (``loss``, ``pg``, ``kl``, ``clip_fraction``, ``approx_kl``, ``grad_norm``, ...) and the
+    signal's health (``ratio_first_mean``, ``sampler_kl``, ``advantage_max_abs``, ``flat_groups``, ...)."""
+    warnings: list[str] = field(default_factory=list)
+    """One line per signal-health problem of this step (:func:`agl_trainer.signal_health.signal_warnings`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -240,6 +275,12 @@ class RemoteServer:
         _, data = self.tasks.client.request("GET", "/v1/model")
         return int(data.get("version") or 0)
 
+    def sampling(self) -> dict[str, Any]:
+        """The server's gateway sampling overrides (``GET /v1/model``): what every call is sampled with."""
+        _, data = self.tasks.client.request("GET", "/v1/model")
+        found = data.get("sampling")
+        return dict(found) if isinstance(found, dict) else {}
+
     def publish(self, backend: TorchBackend) -> int:
         from safetensors.torch import save_file
 
@@ -291,6 +332,8 @@ class Trainer:
         self.history: list[StepResult] = []
         self.last_errors: list[str] = []
         """The errors of the last step's rollouts whose agent raised."""
+        self.last_batch: StepBatch | None = None
+        """The last step's scored rollouts and rows (what the update trained on)."""
 
     # ------------------------------------------------------------------ the loop
 
@@ -318,10 +361,9 @@ class Trainer:
         trajectories, errors, failed = self._collect(task_ids)
         self.last_errors = errors
         collected = time.perf_counter()
-        scored, adv_stats = compute_advantages(trajectories, credit=cfg.credit, gamma=cfg.gamma,
-                                               scale=cfg.scale_advantages)
-        rows, row_stats = build_rows(scored, cfg.row_mode, max_prompt_length=cfg.max_prompt_length,
-                                     max_response_length=cfg.max_response_length)
+        batch = score_batch(trajectories, cfg)
+        adv_stats, rows, row_stats = batch.advantage_stats, batch.rows, batch.row_stats
+        self.last_batch = batch
         metrics = self.backend.update(rows) if rows else {}
         if not rows:
             self.backend.step += 1  # nothing to learn from (every group flat or empty): the step still counts
@@ -337,9 +379,12 @@ class Trainer:
             update_s=time.perf_counter() - collected,
             rollouts_per_s=len(trajectories) / rollout_s if rollout_s > 0 else 0.0, version=version,
             time=time.time(), truncated_rows=row_stats.truncated_rows,
-            metrics={**metrics, "flat_groups": float(adv_stats.flat_groups),
-                     "no_token_ids": float(row_stats.no_token_ids),
+            metrics={**metrics, **batch.signal(), "no_token_ids": float(row_stats.no_token_ids),
                      "dropped_loss_tokens": float(row_stats.dropped_loss_tokens)})
+        result.warnings = signal_warnings(result.metrics, cfg.signal_bounds)
+        result.metrics.update(warning_flags(result.metrics, cfg.signal_bounds))
+        for line in result.warnings:
+            logger.warning("agl train: step %d: %s", result.step, line)
         self.history.append(result)
         self._record(result)
         return result

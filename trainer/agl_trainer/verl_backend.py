@@ -10,11 +10,16 @@ PPO/GRPO trainer takes after its rollout stage (the keys its agent loop produces
 - ``input_ids``, ``attention_mask``, ``position_ids`` ``(B, P + R)``;
 - ``rollout_log_probs`` ``(B, R)``: the sampling policy's logprobs, as the gateway recorded them
   (verl's "bypass" mode uses them as the old policy's);
-- ``token_level_scores`` ``(B, R)``: the rollout's return on its row's last response token, so
-  verl's own estimators (``grpo``, ``rloo``, ...) can run;
+- ``token_level_scores`` ``(B, R)``: the credited reward of the row's first call (the one the
+  ``TransitionBuilder`` assigned over the whole run; in transition rows each call's own) on the
+  row's last response token, so verl's own estimators (``grpo``, ``rloo``, ...) can run;
 - ``advantages`` ``(B, R)``: agl's per-rollout group advantages (LightningRL), for a trainer that
   keeps them instead of re-estimating;
-- non-tensor ``uid`` (the task group), ``rollout_id``; ``meta_info["agl"]``: what was truncated.
+- ``token_weights`` ``(B, R)``: each loss token's share of its rollout's unit of loss weight,
+  divided by the rollouts of its mini-batch (0 on padding): what agl's per-rollout loss
+  (:mod:`agl_trainer.verl_loss`) sums with, so verl weighs each rollout as the torch backend does;
+- non-tensor ``uid`` (the task group), ``rollout_id``; ``meta_info["agl"]``: what was truncated,
+  padded and laid out.
 
 verl's GRPO treats each row as one sample of its group: with ``row_mode="transition"`` a
 rollout of three calls is three samples there, the per-transition bias that
@@ -29,13 +34,16 @@ as verl's ``main_ppo`` does, and one training loop in a Ray actor that reads as 
    the first replica's OpenAI-compatible endpoint (it records token ids and logprobs per call);
 2. **roll out**: agl workers (Ray actors) run the unchanged agent against the gateway, one
    GRPO group of ``data.group_size`` rollouts per task;
-3. **score, rows**: :func:`agl_trainer.advantages.compute_advantages` and
-   :func:`agl_trainer.rows.build_rows`, as with the torch backend;
-4. **DataProto**: :func:`to_data_proto`, padded with loss-free rows to a multiple of verl's
-   mini-batch (:func:`data_proto_fields` ``pad_to_multiple``);
-5. **update**: the replicas sleep, verl recomputes the old logprobs (or, in its bypass mode,
-   takes the gateway's), the reference's with a KL loss, the advantages (agl's, or verl's
-   estimator on ``token_level_rewards``) and updates the actor;
+3. **score, rows**: :func:`agl_trainer.training.score_batch`, the torch backend's own stage (the
+   builder's whole-run credit, per-position group advantages, rows);
+4. **DataProto**: :func:`to_data_proto`, whole rollouts per mini-batch of verl's, each filled up
+   with loss-free rows (:func:`data_proto_fields` ``pad_to_multiple``, ``dp_size``);
+5. **update**: the replicas sleep, verl recomputes the old logprobs at ``rollout.temperature`` (or,
+   in its bypass mode, takes the gateway's: vLLM's ``processed_logprobs`` at the temperature the
+   gateway pinned), the reference's with a KL loss, the advantages (agl's, or verl's estimator on
+   ``token_level_rewards``), and updates the actor with agl's per-rollout loss
+   (``policy_loss.loss_mode=agl_per_rollout``, :mod:`agl_trainer.verl_loss`); the ratio of
+   verl's old logprobs to the gateway's is the step's ``ratio_first_*`` health metric;
 6. **publish**: verl syncs the new weights into the replicas and wakes them, and agl's server
    moves its model version on.
 
@@ -46,6 +54,7 @@ wrong key fails on a laptop, not on the cluster. docs/verl.md is the step-by-ste
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -58,8 +67,13 @@ if TYPE_CHECKING:
     from agl_trainer.config import Config
     from agl_trainer.train_cli import TrainOutcome
 
-__all__ = ["DataProtoStats", "compose_verl_config", "data_proto_fields", "launch", "to_data_proto",
-           "verl_overrides"]
+logger = logging.getLogger("agl.trainer")
+
+__all__ = ["LOSS_MODE", "DataProtoStats", "compose_verl_config", "data_proto_fields", "launch", "sampler_agreement",
+           "signal_problems", "step_config", "to_data_proto", "verl_gateway_config", "verl_overrides"]
+
+LOSS_MODE = "agl_per_rollout"
+"""agl's per-rollout policy loss in verl's registry (:mod:`agl_trainer.verl_loss`, which needs verl to import)."""
 
 PAD_UID = "agl-pad"
 """The ``uid`` of the loss-free rows that fill a batch up to verl's mini-batch multiple."""
@@ -67,7 +81,7 @@ PAD_UID = "agl-pad"
 
 @dataclass
 class DataProtoStats:
-    """What fitting rows into ``(P, R)`` cost."""
+    """What fitting rows into ``(P, R)`` and verl's mini-batches cost."""
 
     rows: int = 0
     prompt_length: int = 0
@@ -76,32 +90,46 @@ class DataProtoStats:
     truncated_responses: int = 0
     dropped_loss_tokens: int = 0
     pad_rows: int = 0
-    """Loss-free rows added to reach ``pad_to_multiple`` (verl splits a batch into equal mini-batches)."""
+    """Loss-free rows that fill each of verl's mini-batches up to ``pad_to_multiple`` rows."""
+    mini_batches: int = 1
+    split_rollouts: int = 0
+    """Rollouts with more rows than a mini-batch holds, spread over several (each part weighs its share)."""
+    no_rollout_logprobs: int = 0
+    """Rows without the gateway's logprobs (not recorded, or recomputed after a prompt cut): zeros in
+    ``rollout_log_probs``; verl recomputes its old logprobs, but its bypass mode would take these."""
 
 
 def data_proto_fields(rows: Sequence[Row], *, pad_id: int = 0, max_prompt_length: int | None = None,
-                      max_response_length: int | None = None, pad_to_multiple: int | None = None
-                      ) -> tuple[dict[str, Any], dict[str, Any], DataProtoStats]:
+                      max_response_length: int | None = None, pad_to_multiple: int | None = None,
+                      dp_size: int = 1) -> tuple[dict[str, Any], dict[str, Any], DataProtoStats]:
     """The tensors and non-tensor arrays of :func:`to_data_proto`, without verl (torch and numpy only).
 
     A prompt longer than ``max_prompt_length`` keeps its last tokens; a response part longer than
     ``max_response_length`` is cut at the end (its loss tokens beyond are counted as dropped).
-    ``pad_to_multiple``: add rows until the batch size is a multiple of it; each is a one-token
-    prompt and response with ``response_mask`` 0 (no loss, no advantage), ``uid`` ``agl-pad-<i>``.
+
+    ``pad_to_multiple``: the rows of one of verl's mini-batches (``ppo_mini_batch_size x
+    rollout.n``). The rows are laid out in mini-batches of that many rows that hold whole
+    rollouts (a rollout with more rows than that is spread over several), each filled up with
+    loss-free rows (a one-token prompt and response, ``response_mask`` 0, ``uid``
+    ``agl-pad-<i>``), in the order verl's ``dp_size`` data-parallel ranks take them (each rank a
+    contiguous chunk, each of its mini-batches a contiguous part of that). None: one mini-batch,
+    no padding. ``token_weights`` are each row's weights divided by the rollouts of its
+    mini-batch, so that summed (:mod:`agl_trainer.verl_loss`) every rollout weighs one unit of its
+    mini-batch and padding weighs nothing, as in the torch backend.
     """
     import numpy as np
     import torch
 
     if not rows:
         raise ValueError("no rows: nothing to put in a DataProto")
-    if pad_to_multiple is not None and pad_to_multiple < 1:
+    if pad_to_multiple is not None and (isinstance(pad_to_multiple, bool) or pad_to_multiple < 1):
         raise ValueError(f"pad_to_multiple must be a positive integer, got {pad_to_multiple!r}")
-    rows = list(rows)
-    pads = (-len(rows)) % pad_to_multiple if pad_to_multiple else 0
-    for i in range(pads):
-        rows.append(Row(rollout_id="", group=f"{PAD_UID}-{i}", input_ids=[pad_id, pad_id], loss_mask=[0, 0],
-                        advantages=[0.0, 0.0], token_weights=[0.0, 0.0], old_logprobs=[0.0, 0.0], prompt_len=1))
-    stats = DataProtoStats(rows=len(rows), pad_rows=pads)
+    if dp_size < 1 or (pad_to_multiple is not None and pad_to_multiple % dp_size):
+        raise ValueError(f"pad_to_multiple ({pad_to_multiple}) must be a multiple of dp_size ({dp_size}): verl gives "
+                         "each data-parallel rank an equal part of every mini-batch")
+    stats = DataProtoStats()
+    rows, scales = _laid_out(list(rows), pad_to_multiple, dp_size, pad_id, stats)
+    stats.rows = len(rows)
     prompts = [r.input_ids[:r.prompt_len] for r in rows]
     P = max(len(p) for p in prompts)
     R = max(len(r.input_ids) - r.prompt_len for r in rows)
@@ -118,9 +146,11 @@ def data_proto_fields(rows: Sequence[Row], *, pad_id: int = 0, max_prompt_length
     t_logprobs = torch.zeros((B, R), dtype=torch.float32)
     t_scores = torch.zeros((B, R), dtype=torch.float32)
     t_adv = torch.zeros((B, R), dtype=torch.float32)
+    t_weights = torch.zeros((B, R), dtype=torch.float32)
     for i, r in enumerate(rows):
         prompt = prompts[i]
-        if len(prompt) > P:
+        cut = len(prompt) > P
+        if cut:
             prompt = prompt[-P:]
             stats.truncated_prompts += 1
         t_prompts[i, P - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
@@ -137,9 +167,12 @@ def data_proto_fields(rows: Sequence[Row], *, pad_id: int = 0, max_prompt_length
         t_responses[i, :n] = torch.tensor(ids[:n], dtype=torch.long)
         t_response_attn[i, :n] = 1
         t_mask[i, :n] = torch.tensor(mask[:n], dtype=torch.long)
-        if r.old_logprobs is not None:
+        if r.old_logprobs is not None and not cut:  # a cut prompt: the gateway's logprobs saw what was cut
             t_logprobs[i, :n] = torch.tensor(r.old_logprobs[start:start + n], dtype=torch.float32)
+        elif any(mask):
+            stats.no_rollout_logprobs += 1
         t_adv[i, :n] = torch.tensor(r.advantages[start:start + n], dtype=torch.float32)
+        t_weights[i, :n] = torch.tensor(r.token_weights[start:start + n], dtype=torch.float32) * scales[i]
         last = max((k for k in range(n) if mask[k]), default=None)
         if last is not None:
             t_scores[i, last] = r.reward
@@ -154,6 +187,7 @@ def data_proto_fields(rows: Sequence[Row], *, pad_id: int = 0, max_prompt_length
         "rollout_log_probs": t_logprobs,
         "token_level_scores": t_scores,
         "advantages": t_adv,
+        "token_weights": t_weights,
     }
     non_tensors = {"uid": np.array([r.group for r in rows], dtype=object),
                    "rollout_id": np.array([r.rollout_id for r in rows], dtype=object)}
@@ -161,15 +195,50 @@ def data_proto_fields(rows: Sequence[Row], *, pad_id: int = 0, max_prompt_length
     return tensors, non_tensors, stats
 
 
+def _laid_out(rows: list[Row], mini: int | None, dp_size: int, pad_id: int, stats: DataProtoStats
+              ) -> tuple[list[Row], list[float]]:
+    """``rows`` in verl's mini-batch and rank order, padded, with each row's ``1 / rollouts`` of its mini-batch."""
+    if mini is None:
+        total = sum(sum(r.token_weights) for r in rows) or 1.0
+        return rows, [1.0 / total] * len(rows)
+    rollouts: dict[str, list[Row]] = {}
+    for r in rows:
+        rollouts.setdefault(r.rollout_id, []).append(r)
+    batches: list[list[Row]] = [[]]
+    for own in rollouts.values():
+        if len(batches[-1]) + len(own) > mini and batches[-1]:
+            batches.append([])
+        if len(own) > mini:
+            stats.split_rollouts += 1
+        for r in own:
+            if len(batches[-1]) == mini:
+                batches.append([])
+            batches[-1].append(r)
+    out: list[list[tuple[Row, float]]] = []
+    for batch in batches:
+        total = sum(sum(r.token_weights) for r in batch) or 1.0
+        filled = [(r, 1.0 / total) for r in batch]
+        while len(filled) < mini:
+            filled.append((Row(rollout_id="", group=f"{PAD_UID}-{stats.pad_rows}", input_ids=[pad_id, pad_id],
+                               loss_mask=[0, 0], advantages=[0.0, 0.0], token_weights=[0.0, 0.0],
+                               old_logprobs=[0.0, 0.0], prompt_len=1), 0.0))
+            stats.pad_rows += 1
+        out.append(filled)
+    stats.mini_batches = len(out)
+    share = mini // dp_size
+    ordered = [item for rank in range(dp_size) for batch in out for item in batch[rank * share:(rank + 1) * share]]
+    return [r for r, _ in ordered], [scale for _, scale in ordered]
+
+
 def to_data_proto(rows: Sequence[Row], *, pad_id: int = 0, max_prompt_length: int | None = None,
                   max_response_length: int | None = None, meta_info: dict[str, Any] | None = None,
-                  pad_to_multiple: int | None = None) -> Any:
+                  pad_to_multiple: int | None = None, dp_size: int = 1) -> Any:
     """verl's ``DataProto`` of ``rows`` (see the module docstring for its keys). Needs ``verl``."""
     from verl import DataProto
 
     tensors, non_tensors, stats = data_proto_fields(rows, pad_id=pad_id, max_prompt_length=max_prompt_length,
                                                     max_response_length=max_response_length,
-                                                    pad_to_multiple=pad_to_multiple)
+                                                    pad_to_multiple=pad_to_multiple, dp_size=dp_size)
     meta = dict(meta_info or {})
     meta["agl"] = dict(stats.__dict__)
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
@@ -193,6 +262,8 @@ def verl_overrides(config: Config) -> list[str]:
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={v.tensor_parallel_size}",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={v.gpu_memory_utilization}",
         f"actor_rollout_ref.rollout.temperature={a.temperature if a.temperature is not None else 1.0}",
+        # the replicas report the logprobs of the distribution they sampled from (the gateway's recorded ones)
+        "actor_rollout_ref.rollout.logprobs_mode=processed_logprobs",
         f"actor_rollout_ref.actor.optim.lr={a.lr}",
         f"actor_rollout_ref.actor.optim.weight_decay={a.weight_decay}",
         f"actor_rollout_ref.actor.clip_ratio_low={a.clip_epsilon}",
@@ -202,8 +273,11 @@ def verl_overrides(config: Config) -> list[str]:
         f"actor_rollout_ref.actor.ppo_epochs={b.epochs}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={v.ppo_mini_batch_size}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={v.ppo_micro_batch_size_per_gpu}",
-        # one row per rollout (trajectory rows), each row one unit of loss: agl's per-rollout normalisation
-        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        # each rollout one unit of loss however many rows it has, padding none (agl_trainer.verl_loss); verl's
+        # own KL and entropy terms are token means; mini-batches keep the order data_proto_fields laid out
+        f"actor_rollout_ref.actor.policy_loss.loss_mode={LOSS_MODE}",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.actor.shuffle=false",
         f"algorithm.adv_estimator={'grpo' if v.advantages == 'agl' else v.advantages}",
         f"algorithm.norm_adv_by_std_in_grpo={flag(a.scale_advantages)}",
         f"data.train_batch_size={config.data.tasks_per_step}",
@@ -224,6 +298,49 @@ def verl_overrides(config: Config) -> list[str]:
         out += [f"actor_rollout_ref.model.lora_rank={b.lora.r}", f"actor_rollout_ref.model.lora_alpha={b.lora.alpha}",
                 f"actor_rollout_ref.model.target_modules=[{','.join(b.lora.target_modules)}]"]
     return out + list(v.overrides)
+
+
+def signal_problems(verl_cfg: Any, config: Config) -> list[str]:
+    """What in verl's composed config (``backend.verl.overrides`` included) would train on another signal than agl's.
+
+    The sampling temperature must be the one the gateway pins (verl computes its logprobs at
+    ``rollout.temperature``), the replicas must report the logprobs they sampled with, and the
+    mini-batches must keep the layout :func:`data_proto_fields` made for the per-rollout loss.
+    """
+    rollout, actor = verl_cfg.actor_rollout_ref.rollout, verl_cfg.actor_rollout_ref.actor
+    out = []
+    if float(rollout.temperature) != float(config.algorithm.temperature or 1.0):
+        out.append(f"actor_rollout_ref.rollout.temperature={rollout.temperature} differs from algorithm.temperature "
+                   f"{config.algorithm.temperature}: verl would compute its logprobs at another temperature than the "
+                   "gateway samples at; set algorithm.temperature instead")
+    if rollout.get("logprobs_mode", "processed_logprobs") != "processed_logprobs":
+        out.append(f"actor_rollout_ref.rollout.logprobs_mode={rollout.logprobs_mode}: the recorded logprobs would not "
+                   "be of the distribution sampled from; leave it at processed_logprobs")
+    if actor.policy_loss.loss_mode != LOSS_MODE:
+        out.append(f"actor_rollout_ref.actor.policy_loss.loss_mode={actor.policy_loss.loss_mode}: verl's own losses "
+                   f"weigh rows and count padding, not one unit per rollout; leave it at {LOSS_MODE}")
+    if actor.shuffle:
+        out.append("actor_rollout_ref.actor.shuffle=true would mix the mini-batches agl lays out whole rollouts in; "
+                   "leave it false")
+    return out
+
+
+def step_config(config: Config) -> Any:
+    """The :class:`~agl_trainer.training.TrainConfig` of the score and rows stages, as the torch backend's."""
+    from agl_trainer.training import TrainConfig
+
+    a = config.algorithm
+    # credit=None: the builder credited every call of the run; the loop takes its credited rewards as they are
+    return TrainConfig(tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size, credit=None,
+                       gamma=config.credit.gamma, scale_advantages=a.scale_advantages, row_mode=a.row_mode,
+                       max_prompt_length=a.max_prompt_length, max_response_length=a.max_response_length)
+
+
+def verl_gateway_config(config: Config) -> Any:
+    """agl's gateway in front of verl's replicas: every call sampled at ``algorithm.temperature``, as verl trains."""
+    from agl_trainer.gateway import GatewayConfig, training_sampling
+
+    return GatewayConfig(sampling_overrides=training_sampling(float(config.algorithm.temperature or 1.0)))
 
 
 def compose_verl_config(overrides: Sequence[str]) -> Any:
@@ -262,10 +379,16 @@ def launch(config: Config) -> TrainOutcome:
         verl_cfg = compose_verl_config(verl_overrides(config))
     except Exception as exc:  # noqa: BLE001 - Hydra's errors name verl's key; say which agl key carried it
         raise ConfigError("backend.verl.overrides", f"verl's config refused it: {exc}") from None
+    problems = signal_problems(verl_cfg, config)
+    if problems:
+        raise ConfigError("backend.verl.overrides", "; ".join(problems))
     tasks = load_tasks(config)
     started = time.monotonic()
     if not ray.is_initialized():
-        ray.init(address=config.backend.verl.ray_address, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})
+        # verl's workers import agl's per-rollout loss as they start: its registry is per process
+        ray.init(address=config.backend.verl.ray_address,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"},
+                              "worker_process_setup_hook": "agl_trainer.verl_loss.register"})
     runner: Any = ray.remote(num_cpus=1)(_VerlRunner).remote()
     steps = ray.get(runner.run.remote(config.model_dump(mode="json"), config.base_dir, verl_cfg, tasks))
     folder = config.path(config.run.dir)
@@ -326,6 +449,23 @@ class _Placeholder:
         return {}
 
 
+def sampler_agreement(trainer_logp: Any, sampler_logp: Any, mask: Any, *, recorded: Any = None) -> dict[str, float]:
+    """``ratio_first_mean``/``_min``/``_max`` and ``sampler_kl`` of verl's old logprobs against the gateway's.
+
+    Both are of the policy before the update, so the ratio is 1 up to numerics when sampler and
+    trainer compute the same distribution; ``recorded`` leaves out tokens without a recorded logprob.
+    """
+    from agl_trainer.loss import policy_loss
+
+    keep = mask.bool() if recorded is None else mask.bool() & recorded.bool()
+    if not bool(keep.any()):
+        return {}
+    parts = policy_loss(trainer_logp.float(), sampler_logp.float(), trainer_logp.new_zeros(trainer_logp.shape).float(),
+                        keep.float(), rollouts=1.0)
+    return {"ratio_first_mean": parts.ratio_mean, "ratio_first_min": parts.ratio_min,
+            "ratio_first_max": parts.ratio_max, "sampler_kl": parts.sampler_kl}
+
+
 def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[dict[str, Any]]:
     """The stages of the module docstring, once per step; returns each step's numbers."""
     import socket
@@ -335,12 +475,11 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
     from agl_core.worker import run_on_ray
-    from agl_trainer.advantages import compute_advantages
-    from agl_trainer.gateway import GatewayConfig, OpenAIBackend
-    from agl_trainer.rows import build_rows
+    from agl_trainer.gateway import OpenAIBackend
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
+    from agl_trainer.signal_health import signal_warnings, warning_flags
     from agl_trainer.train_cli import _builder
-    from agl_trainer.training import LocalServer, StepResult, write_curves
+    from agl_trainer.training import LocalServer, StepResult, score_batch, write_curves
 
     # 1. serve: agl's gateway in front of verl's first rollout replica
     address = trainer.llm_server_manager.get_addresses()[0]
@@ -350,7 +489,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     os.makedirs(folder, exist_ok=True)
     server = TrainerServer(ServerConfig(db_path=config.path(config.server.db), host=host, port=config.server.port,
                                         token=token, builder=_builder(config), max_attempts=config.server.max_attempts,
-                                        gateway=GatewayConfig(sampling_overrides={"temperature": 1.0})),
+                                        gateway=verl_gateway_config(config)),
                            OpenAIBackend(f"http://{address}/v1"))
     thread = ServerThread(server).start()
     url = f"http://{socket.gethostbyname(socket.gethostname())}:{thread.url.rsplit(':', 1)[1]}"
@@ -362,6 +501,9 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     a = config.algorithm
     n = config.data.group_size
     mini = verl_cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n
+    dp_size = max(1, trainer.actor_rollout_wg.world_size
+                  // int(verl_cfg.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1))
+    step_cfg = step_config(config)
     history: list[StepResult] = []
     trainer.global_steps = 0
     if config.run.resume:
@@ -387,22 +529,28 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
                 time.sleep(0.1)
             trajectories, errors = link.trajectories(done)
             collected = time.perf_counter()
-            # 3. score, rows
-            scored, adv_stats = compute_advantages(trajectories, credit=config.credit.method
-                                                   if config.credit.method != "custom" else None,
-                                                   gamma=config.credit.gamma, scale=a.scale_advantages)
-            rows, row_stats = build_rows(scored, a.row_mode, max_prompt_length=a.max_prompt_length,
-                                         max_response_length=a.max_response_length)
-            # 4. DataProto, a multiple of verl's mini-batch
+            # 3. score, rows: the torch backend's stage, on the builder's whole-run credit
+            scored = score_batch(trajectories, step_cfg)
+            adv_stats, rows, row_stats = scored.advantage_stats, scored.rows, scored.row_stats
+            if not rows:  # nothing to train on (no token ids): said loudly, the step still counts
+                logger.warning("agl train: step %d has no rows to train on (%d rollouts, %d without token ids)",
+                               step, len(trajectories), row_stats.no_token_ids)
+                server.model.set(max(step, server.model.version + 1), None)
+                continue
+            # 4. DataProto: whole rollouts per mini-batch of verl's, in its ranks' order
             trainer.checkpoint_manager.sleep_replicas()
             batch = to_data_proto(rows, pad_id=trainer.tokenizer.pad_token_id or 0, pad_to_multiple=mini,
-                                  max_prompt_length=a.max_prompt_length, max_response_length=a.max_response_length)
+                                  dp_size=dp_size, max_prompt_length=a.max_prompt_length,
+                                  max_response_length=a.max_response_length)
             batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
             batch.meta_info["temperature"] = verl_cfg.actor_rollout_ref.rollout.temperature
             # 5. update
             old, _ = trainer._compute_old_log_prob(batch)
             old.batch.pop("entropys")
             batch = batch.union(old)
+            health = sampler_agreement(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                                       batch.batch["response_mask"], recorded=batch.batch["rollout_log_probs"] != 0)
+            batch.batch["rollout_is_weights"] = batch.batch["token_weights"]  # agl_per_rollout's weights
             if trainer.use_reference_policy:
                 batch = batch.union(trainer._compute_ref_log_prob(batch))
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
@@ -427,7 +575,12 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
                                 update_s=time.perf_counter() - collected,
                                 rollouts_per_s=len(trajectories) / rollout_s if rollout_s > 0 else 0.0, version=step,
                                 time=time.time(), truncated_rows=row_stats.truncated_rows,
-                                metrics={"loss": metrics.get("actor/pg_loss", 0.0), **metrics})
+                                metrics={"loss": metrics.get("actor/pg_loss", 0.0), **metrics, **health,
+                                         **scored.signal()})
+            result.warnings = signal_warnings(result.metrics)
+            result.metrics.update(warning_flags(result.metrics))
+            for line in result.warnings:
+                logger.warning("agl train: step %d: %s", step, line)
             history.append(result)
             server.record_metrics(step, result.values())
             write_curves(folder, history)

@@ -419,6 +419,7 @@ async function loadCurves() {
       series.get(name).push([row.step, value]);
     }
   }
+  renderSignal(metrics.data);
   const box = document.getElementById("curves");
   const every = [...series.keys()].sort(metricOrder);
   const primary = every.filter((n) => PRIMARY.test(n));
@@ -430,6 +431,42 @@ async function loadCurves() {
   }
   document.getElementById("curves-hint").textContent = metrics.data.length
     ? `${metrics.data.length} steps · ${names.length} of ${every.length} metrics` : "";
+}
+
+// ------------------------------------------------------------------ signal health
+
+// The trainer's per-step health numbers (agl_trainer.signal_health); a row is marked when the trainer
+// flagged its cause (warn_*), so the page never second-guesses the trainer's bounds.
+const SIGNAL = [
+  ["first-pass importance ratio", (v) => v.ratio_first_mean === undefined ? null :
+    `${fmtNumber(v.ratio_first_mean)} (${fmtNumber(v.ratio_first_min)}–${fmtNumber(v.ratio_first_max)})`,
+   "1: the sampler's logprobs are the trainer's", "warn_ratio_drift"],
+  ["KL to the sampler", (v) => v.sampler_kl, "about 0", "warn_ratio_drift"],
+  ["clip fraction", (v) => v.clip_fraction, "small", null],
+  ["advantage mean / std", (v) => v.advantage_mean === undefined ? null :
+    `${fmtNumber(v.advantage_mean)} / ${fmtNumber(v.advantage_std)}`, "about 0 / about 1", null],
+  ["max |advantage|", (v) => v.advantage_max_abs, "at most sqrt(group size - 1)", "warn_large_advantages"],
+  ["groups without spread", (v) => v.groups === undefined ? null : `${v.flat_groups} of ${v.groups}`,
+   "few: they train on nothing", "warn_flat_groups"],
+  ["rows truncated", (v) => v.truncated_rows, "0, or raise the length limits", null],
+  ["prefix mismatches", (v) => v.prefix_mismatches, "0 in trajectory rows", null],
+  ["rollouts without reward", (v) => v.no_reward_rollouts, "0", null],
+];
+
+function renderSignal(rows) {
+  const body = document.querySelector("#signal tbody");
+  const last = rows.length ? rows[rows.length - 1] : null;
+  const values = last ? last.values : {};
+  const shown = SIGNAL.map(([name, read, good, flag]) => [name, read(values), good, flag])
+    .filter(([, value]) => value !== null && value !== undefined);
+  body.replaceChildren(...shown.map(([name, value, good, flag]) => el("tr",
+    { "data-signal": name, class: flag && values[flag] ? "signal-bad" : null },
+    el("td", { text: name }), el("td", { class: "num", text: fmtNumber(value) }), el("td", { class: "hint", text: good }))));
+  if (!shown.length) body.append(el("tr", {}, el("td", { colspan: 3, class: "hint", text: "no training step yet" })));
+  const flagged = Object.keys(values).filter((k) => k.startsWith("warn_") && values[k]).length;
+  document.getElementById("signal-hint").textContent = last
+    ? `step ${last.step}` + (flagged ? ` · ${flagged} warning${flagged > 1 ? "s" : ""}: see the marked rows` : "")
+    : "the last step's health, as the trainer measured it";
 }
 
 // ------------------------------------------------------------------ agent stats

@@ -75,7 +75,7 @@ def run_demo(options: DemoOptions) -> DemoResult:
     from agl_core.transitions import AirRules, TransitionBuilder
     from agl_core.worker import Worker, point_openai_at
     from agl_trainer.demo.lockers import TOOL_ERROR_REWARD, TOOL_OK_REWARD, Lockers, solve
-    from agl_trainer.gateway import GatewayConfig
+    from agl_trainer.gateway import GatewayConfig, training_sampling
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
     from agl_trainer.training import TrainConfig, Trainer
 
@@ -95,7 +95,7 @@ def run_demo(options: DemoOptions) -> DemoResult:
     air = AirRules(tool_ok=TOOL_OK_REWARD, tool_error=TOOL_ERROR_REWARD)
     config = ServerConfig(db_path=os.path.join(folder, "agl.db"), port=0, max_attempts=2, lease_timeout_s=120.0,
                           builder=TransitionBuilder(agent_match="solver", air=air),
-                          gateway=GatewayConfig(sampling_overrides={"temperature": 1.0}))
+                          gateway=GatewayConfig(sampling_overrides=training_sampling(1.0)))
     server = TrainerServer(config, engine)
     thread = ServerThread(server).start()
     worker: Worker | None = None
@@ -215,7 +215,11 @@ def _summary(options: DemoOptions, steps: list[dict[str, Any]], reached: bool, w
             f"- wall time of this run: {wall:.0f} s; rollouts/s (last step): {last['rollouts_per_s']:.1f}",
             f"- rows: mode {options.row_mode}, merged transitions (last step) {last['merged']}, "
             f"prefix mismatches {last['prefix_mismatches']}",
+            _signal_line(last),
         ]
+        warned = [f"  - step {s['step']}: {w}" for s in steps for w in s.get("warnings", [])]
+        if warned:
+            lines += ["- training-signal warnings:", *warned]
     lines += ["", "| step | reward | final reward | rollouts | rollouts/s |", "|---:|---:|---:|---:|---:|"]
     for s in steps:
         lines.append(f"| {s['step']} | {s['reward']:.2f} | {s['final_reward']:.2f} | {s['rollouts']} | "
@@ -223,6 +227,16 @@ def _summary(options: DemoOptions, steps: list[dict[str, Any]], reached: bool, w
     lines += ["", f"Task: {lockers.n} lockers, one code and one thing each; the model picks a code (one tool-call "
               "token) and then an answer (one word). Chance is about 0.1."]
     return "\n".join(lines) + "\n"
+
+
+def _signal_line(step: dict[str, Any]) -> str:
+    """The last step's signal health, as agl_trainer.signal_health measured it."""
+    m = step.get("metrics", {})
+    if "ratio_first_mean" not in m:
+        return "- training signal (last step): no update ran"
+    return (f"- training signal (last step): first-pass ratio {m['ratio_first_mean']:.4f} (should be 1), "
+            f"KL to the sampler {m.get('sampler_kl', 0.0):.2g}, max |A| {m.get('advantage_max_abs', 0.0):.2f}, "
+            f"groups without spread {m.get('flat_groups', 0):.0f} of {m.get('groups', 0):.0f}")
 
 
 class _Progress:
