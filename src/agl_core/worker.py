@@ -444,7 +444,8 @@ class Worker:
             if lease is None:
                 with self._lock:
                     self._leases_given -= 1
-                if self.idle_exit_s is not None and time.monotonic() - self._last_work > self.idle_exit_s:
+                if self.idle_exit_s is not None and time.monotonic() - self._last_work > self.idle_exit_s \
+                        and not self._tasks_waiting():
                     self._stopping.set()
                 continue
             if self._stopping.is_set():
@@ -461,6 +462,13 @@ class Worker:
                     self._posting.discard(lease.lease_id)
                     self._lost.discard(lease.lease_id)
                 self._last_work = time.monotonic()
+
+    def _tasks_waiting(self) -> bool:
+        """Whether tasks are queued but not leasable yet (backing off after a failed try): not idle, then."""
+        try:
+            return self.tasks.counts().get("queued", 0) > 0
+        except AglError:
+            return False
 
     def _unreachable(self, exc: AglError) -> float:
         """Say (with back-off, once for all slots) that the server cannot be reached; the seconds to wait.
