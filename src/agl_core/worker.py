@@ -566,6 +566,11 @@ class Worker:
                 return
             self._give_back(lease, f"the rollout could not be stored: {exc}")
             return
+        except (TypeError, ValueError) as exc:  # a value JSON cannot carry: no server could store this rollout
+            with self._lock:
+                self.stats.post_errors += 1
+            self._give_back(lease, f"the rollout could not be sent: {type(exc).__name__}: {exc}")
+            return
         with self._lock:
             self.stats.posted += 1
             self.stats.transitions += int(summary.get("transitions", 0))

@@ -161,8 +161,8 @@ def test_serve_help_keeps_every_option() -> None:
     text = agl_cli("serve", "--help").stdout
     for option in ("--db", "--host", "--port", "--token", "--backend", "--engine", "--backend-key",
                    "--backend-timeout", "--model", "--model-rule", "--sampling-default", "--sampling-override",
-                   "--device", "--max-batch", "--agent-match", "--lease-timeout", "--max-attempts", "--max-body-mb",
-                   "--log-level"):
+                   "--device", "--max-batch", "--agent-match", "--lease-timeout", "--max-attempts", "--retry-backoff",
+                   "--max-body-mb", "--header-timeout", "--body-timeout", "--log-level"):
         assert re.search(rf"^\s+{option}\b", text, re.M), option
     assert "Usage: agl serve [OPTIONS]" in text
 

@@ -108,6 +108,33 @@ def test_listings_stay_whole_while_rollouts_are_added(fake: FakeOpenAI, make_ser
         adder.join()
 
 
+def test_http_store_stops_on_a_listing_that_goes_in_circles() -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from agl_core.errors import StoreError
+
+    class Circle(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            body = json.dumps({"rollouts": [], "next": "the-same-cursor"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Circle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(StoreError, match="goes in circles"):
+            agl.HttpStore(f"http://127.0.0.1:{server.server_address[1]}").rollouts()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # ---------------------------------------------------------------------- 2. rollout ownership
 
 
@@ -278,26 +305,33 @@ def test_lone_surrogates_and_nan_are_a_400_naming_the_field(fake: FakeOpenAI, ma
 # ---------------------------------------------------------------------- 7. slow clients
 
 
-def _held_open(url: str, payload: bytes, wait: float) -> float:
-    """Seconds until the server closed a connection that sent only ``payload`` (``wait`` + 1 if it never did)."""
+def _held_open(url: str, payload: bytes, wait: float) -> tuple[float, bytes]:
+    """Seconds until the server closed a connection that sent only ``payload`` (``wait`` + 1 if it never did),
+    and what it answered."""
     host, port = url.rsplit("/", 1)[-1].split(":")
     start = time.monotonic()
+    answer = b""
     with socket.create_connection((host, int(port)), timeout=wait) as sock:
         sock.sendall(payload)
         try:
-            while sock.recv(4096):
-                pass
+            while chunk := sock.recv(4096):
+                answer += chunk
         except TimeoutError:
-            return wait + 1
-    return time.monotonic() - start
+            return wait + 1, answer
+    return time.monotonic() - start, answer
 
 
 def test_slow_clients_are_cut_off_after_the_read_timeouts(fake: FakeOpenAI, make_server: ServerFactory) -> None:
     srv = make_server(fake, header_timeout_s=0.5, body_timeout_s=0.5)
     half_head = b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-    assert _held_open(srv.url, half_head, 5.0) < 3.0
+    held, answer = _held_open(srv.url, half_head, 5.0)
+    assert held < 3.0 and answer.startswith(b"HTTP/1.1 408 "), (held, answer)
     half_body = b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"tasks\":"
-    assert _held_open(srv.url, half_body, 5.0) < 3.0
+    held, answer = _held_open(srv.url, half_body, 5.0)
+    assert held < 3.0 and answer.startswith(b"HTTP/1.1 408 ") and b"body" in answer, (held, answer)
+    idle = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"  # a whole request, then a next one begun and stalled
+    held, answer = _held_open(srv.url, idle + b"GET /heal", 5.0)
+    assert held < 3.0 and answer.startswith(b"HTTP/1.1 200 ") and b"408" in answer, (held, answer)
     r = httpx.get(srv.url + "/healthz")  # the server itself is fine
     assert r.status_code == 200
 

@@ -69,15 +69,21 @@ def _pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
               help="seconds a lease lasts without a heartbeat")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
               help="tries per task before it is marked failed")
+@click.option("--retry-backoff", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="seconds a task waits after a failed try before its next lease, doubling each try (60 s at most)")
 @click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
-              help="largest request body accepted, in MiB")
+              help="largest request body accepted, in MiB (a task payload: half of it)")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="seconds a client gets to send a request's head before its connection is closed")
+@click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+              help="seconds a client gets to send a request's body after its head")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
 def serve(db: str, host: str, port: int, token: str | None, backend: str | None, engine: str | None,
           backend_key: str | None, backend_timeout: float, model: str | None, model_rule: str,
           sampling_defaults: dict[str, Any], sampling_overrides: dict[str, Any], device: str, max_batch: int,
-          agent_match: str | None, lease_timeout: float, max_attempts: int, max_body_mb: float,
-          log_level: str) -> None:
+          agent_match: str | None, lease_timeout: float, max_attempts: int, retry_backoff: float, max_body_mb: float,
+          header_timeout: float, body_timeout: float, log_level: str) -> None:
     """The agl trainer server: task queue, rollouts, model version, the token-recording OpenAI-compatible
     gateway and the dashboard. Give exactly one of --backend URL or --engine PATH."""
     if (backend is None) == (engine is None):
@@ -107,7 +113,8 @@ def serve(db: str, host: str, port: int, token: str | None, backend: str | None,
         chosen = TorchEngine.from_pretrained(engine, name=model, device=device, max_batch=max_batch)
     config = ServerConfig(
         db_path=db, host=host, port=port, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024),
-        lease_timeout_s=lease_timeout, max_attempts=max_attempts,
+        lease_timeout_s=lease_timeout, max_attempts=max_attempts, retry_backoff_s=retry_backoff,
+        header_timeout_s=header_timeout, body_timeout_s=body_timeout,
         gateway=GatewayConfig(served_model=model, model_rule=model_rule,
                               sampling_defaults=sampling_defaults, sampling_overrides=sampling_overrides),
         builder=builder,

@@ -9,18 +9,24 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
 - ``POST /v1/tasks``: enqueue ``{"tasks": [{"task": ..., "task_id"?, "group_id"?}], "repeat"?,
   "group_id"?, "max_attempts"?}``; ``GET /v1/tasks``, ``GET /v1/tasks/{id}``, ``GET /v1/queue``.
 - ``POST /v1/tasks/lease`` ``{"worker_id", "wait_s"?, "lease_timeout"?}``: 200 with a lease, or 204.
-- ``POST /v1/leases/heartbeat`` ``{"lease_ids": [...]}``; ``POST /v1/leases/{id}/release``.
+- ``POST /v1/leases/heartbeat`` ``{"lease_ids": [...]}``; ``POST /v1/leases/{id}/release``
+  ``{"reason"?, "failed"?}``: a shutdown's release is free, a failed attempt's counts as a try and
+  backs off (:mod:`agl_trainer.queue`).
 - ``POST /v1/rollouts[?lease_id=...]``: a finished ``Rollout`` with its spans. The gateway's
   token records join its LLM spans, core's ``TransitionBuilder`` builds the transitions, and
   rollout and transitions are stored; with a lease, the task is done in the same step (the
   rollout's ``metadata["agl.group_id"]`` says its GRPO group), and a lease that has already
-  expired and moved on gets 409, so an attempt's result is never stored twice.
+  expired and moved on gets 409, so an attempt's result is never stored twice. A rollout id
+  belongs to one task and attempt and a finished rollout is final: another task's, attempt's or
+  outcome's rollout under a stored id is a 409 naming the field (core's ``put_rollout``).
 - ``GET /v1/rollouts``, ``GET /v1/rollouts/{id}``, ``GET|POST /v1/rollouts/{id}/spans``,
-  ``GET /v1/transitions``, ``GET /v1/trajectories``: the read side of core's ``Store``.
+  ``GET /v1/transitions``, ``GET /v1/trajectories``: the read side of core's ``Store``; spans
+  posted to a stored rollout are joined with the gateway's records and rebuild its transitions.
 - The listings (``GET /v1/tasks``, ``/v1/rollouts``, ``/v1/transitions``, ``/v1/trajectories``) are
   paged: ``limit`` (default 1000, at most 10000) and ``after=<the previous page's next>``; each
-  answer has ``next``, null on the last page (:mod:`agl_trainer.paging`).
-- ``GET /v1/model``; ``POST /v1/model`` ``{"version", "weights"?}``: the trainer announces weights.
+  answer has ``next``, null on the last page; every row comes once, ties included (:mod:`agl_trainer.paging`).
+- ``GET /v1/model``; ``POST /v1/model`` ``{"version"?, "weights"?}``: the trainer announces weights
+  (versions go up by at most :data:`MAX_VERSION_STEP`; none given: the next).
 - ``POST /v1/metrics`` ``{"step", "values": {name: number}}``; ``GET /v1/metrics``: training curves by step.
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
@@ -29,7 +35,9 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
 Security: it listens on 127.0.0.1 unless told otherwise and then refuses to
 start without a bearer token; with a token every route but ``/healthz`` and the
 dashboard's static files needs it (the agent's ``OPENAI_API_KEY`` carries it to the gateway). Bodies over
-``max_body_bytes`` get 413.
+``max_body_bytes`` get 413; bodies are read by :func:`agl_trainer.api.parse_json` (no ``NaN``, lone
+surrogate or nesting past 256 levels: a 400 naming the field); a client slower than
+``header_timeout_s`` / ``body_timeout_s`` is cut off (:mod:`agl_trainer.read_timeouts`).
 """
 
 from __future__ import annotations
@@ -68,7 +76,7 @@ from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
-from agl_trainer.token_records import TokenRecords, keep_joined
+from agl_trainer.token_records import MAX_MODEL_VERSION, MAX_VERSION_STEP, TokenRecords, keep_joined
 
 __all__ = ["MAX_MODEL_VERSION", "MAX_VERSION_STEP", "ServerConfig", "ServerThread", "TrainerServer", "check_bind",
            "serve"]
@@ -79,11 +87,6 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=F
 _FINISHED = ("succeeded", "failed", "timeout", "cancelled")
 _STATUSES = ("running", *_FINISHED)
 _MAX_INT = 2**63 - 1  # SQLite's INTEGER: a bigger number would fail deep in the store
-MAX_MODEL_VERSION = 2**53 - 1
-"""The highest model version: exact in every JSON reader (a JavaScript number, the dashboard's)."""
-MAX_VERSION_STEP = 1_000_000
-"""How far past the current version one publish may go: far more than any trainer's steps, and a
-slip of the keyboard (``2**63 - 1``) leaves room for a billion publishes after it."""
 
 
 @dataclass

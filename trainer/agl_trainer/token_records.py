@@ -37,12 +37,18 @@ from typing import Any
 from agl_core import semconv
 from agl_core.schema import Span
 
-__all__ = ["MODEL_VERSION_ATTRIBUTE", "TokenRecord", "TokenRecords", "keep_joined", "parse_traceparent"]
+__all__ = ["MAX_MODEL_VERSION", "MAX_VERSION_STEP", "MODEL_VERSION_ATTRIBUTE", "TokenRecord", "TokenRecords",
+           "keep_joined", "parse_traceparent"]
 
 logger = logging.getLogger("agl.trainer")
 
 MODEL_VERSION_ATTRIBUTE = "agl.llm.model_version"
 """Span attribute: the version of the weights that answered the call (set by the gateway's join)."""
+MAX_MODEL_VERSION = 2**53 - 1
+"""The highest model version ``agl serve`` takes: exact in every JSON reader (a JavaScript number, the dashboard's)."""
+MAX_VERSION_STEP = 1_000_000
+"""How far past the current version one publish may go: more than any trainer's steps, and a slip of the
+keyboard (``2**63 - 1``) is refused instead of leaving no version for any later publish."""
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _ZERO_TRACE = "0" * 32
