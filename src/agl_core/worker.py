@@ -531,13 +531,13 @@ class Worker:
     def _run_one(self, lease: Lease) -> None:
         store = _LeaseStore(lease)
         kwargs = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
-        error: Exception | None = None
+        error: BaseException | None = None
         try:
             if self.is_async:
                 asyncio.run_coroutine_threadsafe(self.agent(lease.task, **kwargs), self._event_loop()).result()
             else:
                 self.agent(lease.task, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - the agent's failure is its rollout's status (or a retry)
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - its rollout's status (or a retry)
             error = exc
             with self._lock:
                 self.stats.agent_errors += 1

@@ -6,6 +6,7 @@ FakeOpenAI (or a dead port), the agents are ordinary OpenAI-client functions.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -100,6 +101,23 @@ def test_a_rollout_the_server_refuses_fails_its_task_within_max_attempts(fake: F
     assert "413" in info["error"] or "bytes" in info["error"], info["error"]
     assert tasks.task("fine")["state"] == "done"
     assert srv.server.store.rollouts(task_id="big") == []
+
+
+@agl.rollout_fn
+async def _cancels_itself(task: dict[str, Any]) -> float:
+    raise asyncio.CancelledError()  # an agent whose own task is cancelled, every time
+
+
+def test_an_agent_cancelled_every_time_fails_within_max_attempts(fake: FakeOpenAI,
+                                                                 make_server: ServerFactory) -> None:
+    srv = make_server(fake, max_attempts=2, retry_backoff_s=0.05)
+    tasks = TaskClient(srv.url)
+    tasks.enqueue([{"id": "c", "q": "x"}, {"id": "after", "q": "y"}])
+    worker = _work(srv.url, _cancels_itself)
+    info = tasks.task("c")
+    assert (info["state"], len(info["attempts"])) == ("failed", 2), info
+    assert "cancelled" in info["error"]
+    assert tasks.task("after")["state"] == "failed" and worker.stats.leased == 4  # the slot lived on
 
 
 def test_a_shutdown_release_stays_free(fake: FakeOpenAI, make_server: ServerFactory) -> None:

@@ -540,7 +540,8 @@ class TrainerServer:
         """Join the gateway's token records into ``rollout``, build its transitions and store both.
 
         With ``lease_id`` the lease must still be current (:class:`LeaseLost` otherwise) and its task
-        is done once the rollout is stored; a cancelled rollout is stored and its task queued again.
+        is done once the rollout is stored; a cancelled rollout is stored and its task queued again (a
+        counted try).
         A rollout stored before is merged with what is stored (spans are never dropped, a finished
         rollout's are kept as they were), and its transitions are built from the whole; the store
         refuses (:class:`RolloutConflict`) another task's, attempt's or outcome's rollout under its id.
@@ -566,7 +567,10 @@ class TrainerServer:
                 rollout.metadata.setdefault("agl.group_id", lease.group_id)
                 trajectory = self.builder.build(rollout)
                 self.store.put_rollout(rollout, trajectory)
-                self.queue.release(lease_id, f"the rollout was cancelled: {rollout.error or 'no reason given'}")
+                # not a shutdown's release (those come by the release route): a try, or a task whose agent
+                # cancels itself every time would be leased for ever
+                self.queue.release(lease_id, f"the rollout was cancelled: {rollout.error or 'no reason given'}",
+                                   failed=True)
             else:
                 with self.queue.finishing(lease_id, rollout.id) as lease:
                     _check_matches(rollout, lease.task_id, lease.attempt)
