@@ -585,7 +585,8 @@ class SqliteStore:
 
         The order is the rollouts' and then each trajectory's, so a cursor is a place in a rollout.
         """
-        clauses, params = [], []
+        clauses: list[str] = []
+        params: list[Any] = []
         if rollout_id is not None:
             _check_id(rollout_id, "rollout_id")
             clauses.append("r.id = ?")
@@ -602,8 +603,9 @@ class SqliteStore:
             rows: list[tuple[Any, ...]] = []
 
             def stage(extra: list[str], more: list[Any], order: str) -> list[tuple[Any, ...]]:
-                found = conn.execute(f"{select} WHERE {' AND '.join([*clauses, *extra]) or '1'} ORDER BY {order}"
-                                     f" LIMIT {want - len(rows)}", [*params, *more]).fetchall()
+                where = " WHERE " + " AND ".join(clauses + extra) if clauses or extra else ""
+                found = conn.execute(f"{select}{where} ORDER BY {order} LIMIT {int(want - len(rows))}",
+                                     [*params, *more]).fetchall()
                 return [tuple(row) for row in found]
 
             if key is None:
@@ -810,13 +812,14 @@ def _keyset(conn: sqlite3.Connection, select: str, where: str, params: list[Any]
     """
     joiner = " AND" if where else " WHERE"
     if key is None:
-        return [tuple(r) for r in conn.execute(f"{select}{where} ORDER BY start_time, rowid LIMIT {want}", params)]
+        return [tuple(r) for r in conn.execute(f"{select}{where} ORDER BY start_time, rowid LIMIT {int(want)}",
+                                               params)]
     start, rowid = key
     rows = [tuple(r) for r in conn.execute(f"{select}{where}{joiner} start_time = ? AND rowid > ? ORDER BY rowid"
-                                           f" LIMIT {want}", [*params, start, rowid])]
+                                           f" LIMIT {int(want)}", [*params, start, rowid])]
     if len(rows) < want:
         rows += [tuple(r) for r in conn.execute(f"{select}{where}{joiner} start_time > ? ORDER BY start_time, rowid"
-                                                f" LIMIT {want - len(rows)}", [*params, start])]
+                                                f" LIMIT {int(want - len(rows))}", [*params, start])]
     return rows
 
 
