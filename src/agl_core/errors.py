@@ -24,5 +24,20 @@ class StoreError(AglError):
     """The store cannot be opened or written; nothing already stored was changed."""
 
 
+class RolloutConflict(StoreError):
+    """A rollout was stored again in a way that would rewrite what is stored; nothing was changed.
+
+    A rollout id belongs to one task and attempt, and a finished rollout is final: its status and
+    rewards never change (it may gain spans). ``field`` names the conflicting field of the rollout
+    (``task_id``, ``attempt``, ``status``, ``rewards``).
+    """
+
+    def __init__(self, rollout_id: str, field: str, problem: str) -> None:
+        super().__init__(f"rollout {rollout_id!r}: {problem}")
+        self.rollout_id = rollout_id
+        self.field = field
+        self.problem = problem
+
+
 class PluginError(AglError, LookupError):
     """An instrumentor was asked for by a name no installed plugin carries."""

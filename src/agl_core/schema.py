@@ -70,6 +70,41 @@ def _check_json(value: Any, path: str, depth: int = 0) -> Any:
     raise SchemaError(path, f"is not JSON-serialisable: {type(value).__name__}")
 
 
+def check_json(value: Any, path: str) -> Any:
+    """``value`` as plain JSON by the rules of every record's free-form fields, or ``SchemaError`` naming ``path``.
+
+    The rules: nesting at most :data:`MAX_DEPTH` levels, finite numbers, string keys, and text that
+    is unicode (no lone UTF-16 surrogate, which no store or JSON reply could carry). What passes
+    here can be a ``Rollout.task``, a span attribute or a message.
+    """
+    plain = _check_json(value, path)
+    try:
+        json.dumps(plain, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise SchemaError(_surrogate_at(plain, path), "holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                                                      "which is not unicode text") from None
+    return plain
+
+
+def _surrogate_at(value: Any, path: str) -> str:
+    """The path of the first string (or the object with a key) that holds a lone surrogate."""
+    def bad(text: str) -> bool:
+        return any("\ud800" <= ch <= "\udfff" for ch in text)
+
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str) and bad(item):
+            return where
+        if isinstance(item, dict):
+            if any(bad(k) for k in item):
+                return where
+            stack.extend((v, f"{where}.{k}") for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return path
+
+
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 

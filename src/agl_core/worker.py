@@ -20,6 +20,19 @@ Shutdown: the first SIGTERM (or SIGINT) stops leasing; rollouts in flight get
 ``grace_s`` seconds to finish and be posted, and those still running then are
 released back to the queue (not counted as a try) before the process exits. A
 second signal releases them at once.
+
+An attempt that ends without a result is given back as *failed*, which the
+server counts as a try (and backs off before the next): the agent raised before
+its rollout existed, the server refused the rollout (400, 413, a 409 conflict),
+or the infrastructure failed (:func:`is_infrastructure_error`: the agent could
+not get an answer from the model server, so its failed rollout says nothing
+about the agent and is not stored). So every task ends done or failed with a
+reason within its ``max_attempts``, however it fails.
+
+A server that cannot be reached is said once and then at each step of a
+back-off (0.5 s doubling to 30 s) while the worker retries; ``idle_exit_s``
+counts that time as idle, and the worker then stops with the reason
+(``agl worker`` exits 1).
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ import dataclasses
 import importlib
 import inspect
 import logging
+import math
 import os
 import signal
 import socket
@@ -47,7 +61,7 @@ from agl_core.errors import AglError
 from agl_core.schema import Rollout, Trajectory
 from agl_core.store.http import HttpStore, ServerClient, ServerError
 
-__all__ = ["Lease", "TaskClient", "Worker", "WorkerStats", "load_agent", "main"]
+__all__ = ["Lease", "TaskClient", "Worker", "WorkerStats", "is_infrastructure_error", "load_agent", "main"]
 
 logger = logging.getLogger("agl.worker")
 
@@ -96,12 +110,17 @@ class TaskClient:
         _, data = self.client.request("POST", "/v1/tasks", body)
         return [str(i) for i in data["task_ids"]]
 
-    def lease(self, worker_id: str, *, wait_s: float = 0.0, lease_timeout: float | None = None) -> Lease | None:
-        """The next task for ``worker_id``, waiting up to ``wait_s`` seconds for one; None when none came."""
+    def lease(self, worker_id: str, *, wait_s: float = 0.0, lease_timeout: float | None = None,
+              retry: bool = True) -> Lease | None:
+        """The next task for ``worker_id``, waiting up to ``wait_s`` seconds for one; None when none came.
+
+        ``retry=False``: an unreachable or busy server raises at once instead of being retried.
+        """
         body: dict[str, Any] = {"worker_id": worker_id, "wait_s": wait_s}
         if lease_timeout is not None:
             body["lease_timeout"] = lease_timeout
-        status, data = self.client.request("POST", "/v1/tasks/lease", body, timeout=self.client.timeout + wait_s)
+        status, data = self.client.request("POST", "/v1/tasks/lease", body, timeout=self.client.timeout + wait_s,
+                                           retry=retry)
         if status == 204 or not data:
             return None
         return Lease.from_dict(data)
@@ -111,10 +130,14 @@ class TaskClient:
         _, data = self.client.request("POST", "/v1/leases/heartbeat", {"lease_ids": list(lease_ids)}, retry=False)
         return list(data["alive"]), list(data["lost"])
 
-    def release(self, lease_id: str, reason: str) -> bool:
-        """Give a lease back; False when it was no longer current (finished, or already moved on)."""
+    def release(self, lease_id: str, reason: str, *, failed: bool = False) -> bool:
+        """Give a lease back; False when it was no longer current (finished, or already moved on).
+
+        ``failed``: the attempt ended without a result, and counts as a try (see the module docstring);
+        without it (a shutdown) the task is tried again at once, as if never leased.
+        """
         try:
-            self.client.request("POST", f"/v1/leases/{lease_id}/release", {"reason": reason})
+            self.client.request("POST", f"/v1/leases/{lease_id}/release", {"reason": reason, "failed": failed})
         except ServerError as exc:
             if exc.status == 409:
                 return False
@@ -149,27 +172,19 @@ class TaskClient:
 
 
 class _LeaseStore:
-    """What one rollout writes to: the server's store, posting with this lease; remembers how it went.
+    """What one rollout writes to: it keeps the finished rollout for the worker, which posts it with the lease.
 
     The rollout context only ever calls ``put_rollout`` on its store, so that is all this offers.
-    ``on_post`` is called just before the rollout goes to the server.
+    Posting after the agent is done lets the worker see how the agent ended first: a rollout that
+    failed for the infrastructure is given back, not posted as the attempt's result.
     """
 
-    def __init__(self, store: HttpStore, lease: Lease, on_post: Callable[[str], None] | None = None) -> None:
-        self.store = store
+    def __init__(self, lease: Lease) -> None:
         self.lease = lease
-        self.on_post = on_post
-        self.summary: dict[str, Any] | None = None
-        self.error: BaseException | None = None
+        self.rollout: Rollout | None = None
 
     def put_rollout(self, rollout: Rollout, trajectory: Trajectory | None = None, *, validate: bool = True) -> None:
-        if self.on_post is not None:
-            self.on_post(self.lease.lease_id)
-        try:
-            self.summary = self.store.post_rollout(rollout, lease_id=self.lease.lease_id)
-        except BaseException as exc:
-            self.error = exc
-            raise
+        self.rollout = rollout
 
 
 @dataclass
@@ -182,8 +197,53 @@ class WorkerStats:
     post_errors: int = 0
     released: int = 0
     lost: int = 0
+    failed_attempts: int = 0
+    """Attempts given back without a result (counted as tries by the server)."""
+    infrastructure_errors: int = 0
+    """... of which the infrastructure failed (:func:`is_infrastructure_error`)."""
     transitions: int = 0
     token_sources: dict[str, int] = field(default_factory=dict)
+
+
+_INFRASTRUCTURE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def is_infrastructure_error(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, says the model could not be asked: not the agent's result.
+
+    Infrastructure: the OpenAI client's ``APIConnectionError`` and ``APITimeoutError`` (the gateway
+    could not be reached, or did not answer); an answer whose HTTP status blames the serving side,
+    408, 429, 500, 502, 503 or 504 (agl's gateway answers 502 when its backend cannot be reached or
+    fails, 504 when it times out), as an ``APIStatusError`` or a stream's error event; httpx's
+    transport errors; and Python's ``ConnectionError`` (refused, reset, aborted). Anything else the
+    agent raised is the agent's own failure, a result: its rollout is stored as failed.
+    """
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if _is_infrastructure(current):
+            return True
+        todo += [current.__cause__, current.__context__]
+    return False
+
+
+def _is_infrastructure(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectionError):
+        return True
+    kinds = {(cls.__module__.partition(".")[0], cls.__name__) for cls in type(exc).__mro__}
+    if ("openai", "APIConnectionError") in kinds or ("httpx", "TransportError") in kinds:
+        return True  # APITimeoutError is an APIConnectionError; httpx's timeouts are transport errors
+    if ("openai", "APIStatusError") in kinds:
+        return getattr(exc, "status_code", None) in _INFRASTRUCTURE_STATUSES
+    if ("openai", "APIError") in kinds:  # an error event in a stream: the status is the body's code
+        body = getattr(exc, "body", None)
+        code = body.get("code") if isinstance(body, dict) else None
+        return isinstance(code, int) and code in _INFRASTRUCTURE_STATUSES
+    return False
 
 
 def load_agent(spec: str) -> Callable[..., Any]:
@@ -275,6 +335,11 @@ class Worker:
         self._last_work = time.monotonic()
         self.fatal: ServerError | None = None
         """Why the worker stopped by itself (the server refused its token), raised by :meth:`run`."""
+        self.unreachable: str | None = None
+        """While the server cannot be reached (and when the worker stopped so): why, else None."""
+        self._down_since: float | None = None
+        self._down_delay = 0.5
+        self._down_said = -math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ control
@@ -363,7 +428,8 @@ class Worker:
             if not self._take():
                 return
             try:
-                lease = self.tasks.lease(self.worker_id, wait_s=self.poll_s, lease_timeout=self.lease_timeout)
+                lease = self.tasks.lease(self.worker_id, wait_s=self.poll_s, lease_timeout=self.lease_timeout,
+                                         retry=False)
             except AglError as exc:
                 with self._lock:
                     self._leases_given -= 1
@@ -372,13 +438,14 @@ class Worker:
                     self.fatal = exc
                     self._stopping.set()
                     return
-                logger.warning("agl worker: leasing failed (%s); retrying", exc)
-                self._stopping.wait(1.0)
+                self._stopping.wait(self._unreachable(exc))
                 continue
+            self._reached()
             if lease is None:
                 with self._lock:
                     self._leases_given -= 1
-                if self.idle_exit_s is not None and time.monotonic() - self._last_work > self.idle_exit_s:
+                if self.idle_exit_s is not None and time.monotonic() - self._last_work > self.idle_exit_s \
+                        and not self._tasks_waiting():
                     self._stopping.set()
                 continue
             if self._stopping.is_set():
@@ -395,6 +462,48 @@ class Worker:
                     self._posting.discard(lease.lease_id)
                     self._lost.discard(lease.lease_id)
                 self._last_work = time.monotonic()
+
+    def _tasks_waiting(self) -> bool:
+        """Whether tasks are queued but not leasable yet (backing off after a failed try): not idle, then."""
+        try:
+            return self.tasks.counts().get("queued", 0) > 0
+        except AglError:
+            return False
+
+    def _unreachable(self, exc: AglError) -> float:
+        """Say (with back-off, once for all slots) that the server cannot be reached; the seconds to wait.
+
+        With ``idle_exit_s``, the time without a task counts whether or not the server answers.
+        """
+        now = time.monotonic()
+        with self._lock:
+            if self._down_since is None:
+                self._down_since, self._down_delay, say = now, 0.5, True
+            else:  # once the last wait is over: say it again, and wait twice as long
+                say = now - self._down_said >= self._down_delay
+                if say:
+                    self._down_delay = min(self._down_delay * 2, 30.0)
+            if say:
+                self._down_said = now
+            delay = self._down_delay
+            # the client's own error already says "cannot reach the agl server at URL: why"
+            self.unreachable = str(exc) if "cannot reach" in str(exc) else \
+                f"cannot lease from the agl server at {self.url}: {exc}"
+        if say:
+            logger.warning("agl worker: %s; retrying in %g s", self.unreachable, delay)
+        if self.idle_exit_s is not None and now - self._last_work > self.idle_exit_s:
+            logger.warning("agl worker: no task for %g s (--idle-exit) while the server could not be reached: "
+                           "stopping", self.idle_exit_s)
+            self._stopping.set()
+        return delay
+
+    def _reached(self) -> None:
+        if self._down_since is not None:
+            with self._lock:
+                if self._down_since is not None:
+                    logger.warning("agl worker: reached the agl server at %s again after %.1f s", self.url,
+                                   time.monotonic() - self._down_since)
+                self._down_since, self.unreachable = None, None
 
     def _posting_now(self, lease_id: str) -> None:
         with self._lock:
@@ -420,38 +529,65 @@ class Worker:
             return self._loop
 
     def _run_one(self, lease: Lease) -> None:
-        store = _LeaseStore(self.store, lease, self._posting_now)
+        store = _LeaseStore(lease)
         kwargs = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
+        error: BaseException | None = None
         try:
             if self.is_async:
                 asyncio.run_coroutine_threadsafe(self.agent(lease.task, **kwargs), self._event_loop()).result()
             else:
                 self.agent(lease.task, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - the agent's failure is its rollout's status, already posted
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - its rollout's status (or a retry)
+            error = exc
             with self._lock:
                 self.stats.agent_errors += 1
             logger.info("agl worker: task %s attempt %d: the agent raised %s: %s", lease.task_id, lease.attempt,
                         type(exc).__name__, exc)
-        if store.summary is not None:
+        if error is not None and is_infrastructure_error(error):
             with self._lock:
-                self.stats.posted += 1
-                self.stats.transitions += int(store.summary.get("transitions", 0))
-                for source, n in (store.summary.get("token_sources") or {}).items():
-                    self.stats.token_sources[source] = self.stats.token_sources.get(source, 0) + int(n)
+                self.stats.infrastructure_errors += 1
+            self._give_back(lease, f"infrastructure: {type(error).__name__}: {error}")
+            return
+        if store.rollout is None:
+            why = (f"the agent raised before its rollout began: {type(error).__name__}: {error}" if error is not None
+                   else "the agent ran no rollout (is it an @agl.rollout_fn writing to the store it is given?)")
+            self._give_back(lease, why)
+            return
+        self._posting_now(lease.lease_id)
+        try:
+            summary = self.store.post_rollout(store.rollout, lease_id=lease.lease_id)
+        except AglError as exc:
+            with self._lock:
+                self.stats.post_errors += 1
+            if isinstance(exc, ServerError) and exc.status == 409 and exc.param == "lease_id":
+                with self._lock:
+                    self._count_lost(lease.lease_id)
+                logger.warning("agl worker: task %s attempt %d: %s", lease.task_id, lease.attempt, exc.message)
+                return
+            self._give_back(lease, f"the rollout could not be stored: {exc}")
+            return
+        except (TypeError, ValueError) as exc:  # a value JSON cannot carry: no server could store this rollout
+            with self._lock:
+                self.stats.post_errors += 1
+            self._give_back(lease, f"the rollout could not be sent: {type(exc).__name__}: {exc}")
             return
         with self._lock:
-            self.stats.post_errors += 1
-        reason = f"the rollout could not be posted: {store.error}" if store.error else "no rollout was posted"
-        if isinstance(store.error, ServerError) and store.error.status == 409:
-            with self._lock:
-                self._count_lost(lease.lease_id)
-            logger.warning("agl worker: task %s attempt %d: %s", lease.task_id, lease.attempt, store.error.message)
-            return
-        logger.warning("agl worker: task %s attempt %d: %s; releasing it", lease.task_id, lease.attempt, reason)
+            self.stats.posted += 1
+            self.stats.transitions += int(summary.get("transitions", 0))
+            for source, n in (summary.get("token_sources") or {}).items():
+                self.stats.token_sources[source] = self.stats.token_sources.get(source, 0) + int(n)
+
+    def _give_back(self, lease: Lease, reason: str) -> None:
+        """The attempt ended without a result: give the lease back as failed, so the server counts the try."""
+        with self._lock:
+            self.stats.failed_attempts += 1
+        logger.warning("agl worker: task %s attempt %d ended without a result: %s; giving it back as a failed try",
+                       lease.task_id, lease.attempt, reason)
         try:
-            self.tasks.release(lease.lease_id, reason)
+            self.tasks.release(lease.lease_id, reason, failed=True)
         except AglError as exc:
-            logger.warning("agl worker: could not release task %s: %s", lease.task_id, exc)
+            logger.warning("agl worker: could not give back task %s (its lease will expire instead): %s",
+                           lease.task_id, exc)
 
     def _heartbeats(self) -> None:
         while True:
@@ -615,6 +751,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerError as exc:
         print(f"agl worker: {exc}", file=sys.stderr)
         return 2
+    if worker.unreachable is not None:
+        print(f"agl worker: stopped: {worker.unreachable}", file=sys.stderr)
+        return 1
     print(f"agl worker: done: {stats}", flush=True)
     return 0
 

@@ -438,6 +438,24 @@ def test_doctor_checks_the_gateway_and_content_capture() -> None:
     assert down.returncode == 1 and "gateway http://127.0.0.1:9 (from --server): NOT reachable" in down.stdout
 
 
+def test_doctor_says_opentelemetry_instrument_needs_the_distro() -> None:
+    from importlib import metadata
+
+    report = json.loads(agl_cli("doctor", "--json").stdout)["auto_instrumentation"]
+    assert report["command"] == metadata.version("opentelemetry-instrumentation")
+    try:
+        distro: str | None = metadata.version("opentelemetry-distro")
+    except metadata.PackageNotFoundError:
+        distro = None
+    assert report["distro"] == distro and report["exports"] is (distro is not None)
+    text = agl_cli("doctor").stdout
+    if distro is None:
+        assert "opentelemetry-instrument python app.py runs agl's plugins but exports nothing: opentelemetry-distro" \
+               in " ".join(text.split()), text
+    else:
+        assert f"sets up the SDK (opentelemetry-distro {distro})" in text
+
+
 def test_doctor_sees_the_users_sdk_provider() -> None:
     code = textwrap.dedent("""
         import sys

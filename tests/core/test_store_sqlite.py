@@ -235,20 +235,91 @@ def test_trajectories_rebuilt_by_a_builder_from_stored_spans(store: SqliteStore)
 # --------------------------------------------------------------------------- writes
 
 
-def test_upsert_replaces_spans_and_keeps_transitions_unless_given(store: SqliteStore) -> None:
+def test_a_running_rollout_is_updated_keeping_its_spans_and_transitions_unless_given(store: SqliteStore) -> None:
     first = make_rollout("r", status="running", n_spans=3)
     store.put_rollout(first, make_trajectory(first, 3))
 
     second = make_rollout("r", status="succeeded", n_spans=1, reward=0.0)
+    second.spans[0].attributes["newer"] = True
     store.put_rollout(second)
     got = store.get_rollout("r")
-    assert got is not None and got.status == "succeeded" and got.spans == second.spans
+    assert got is not None and got.status == "succeeded"
+    assert sorted(s.span_id for s in got.spans) == sorted(s.span_id for s in first.spans)  # none dropped
+    assert next(s for s in got.spans if s.span_id == second.spans[0].span_id).attributes["newer"] is True
     assert len(store.transitions(rollout_id="r")) == 3
     assert [t.reward for t in store.trajectories()] == [0.0]
     assert len(store.rollouts()) == 1
 
-    store.put_rollout(second, make_trajectory(second, 1))
+    store.put_rollout(second, make_trajectory(second, 1))  # the same result again, with its transitions
     assert len(store.transitions(rollout_id="r")) == 1
+
+
+def test_a_rollout_id_belongs_to_one_task_attempt_and_outcome(store: SqliteStore) -> None:
+    from agl_core.errors import RolloutConflict
+
+    done = make_rollout("r", n_spans=2)
+    store.put_rollout(done, make_trajectory(done, 2))
+    before = (store.get_rollout("r"), store.transitions(), store.trajectories())
+    for change, field in (({"task_id": "task-b"}, "task_id"), ({"attempt": 2}, "attempt"),
+                          ({"status": "running"}, "status"), ({"status": "failed"}, "status"),
+                          ({"rewards": [Reward(-1.0)]}, "rewards")):
+        other = Rollout.from_dict({**done.to_dict(), **{k: [r.to_dict() for r in v] if k == "rewards" else v
+                                                       for k, v in change.items()}})
+        with pytest.raises(RolloutConflict) as err:
+            store.put_rollout(other, make_trajectory(other, 0))
+        assert err.value.field == field and err.value.rollout_id == "r"
+        assert (store.get_rollout("r"), store.transitions(), store.trajectories()) == before
+    late = make_span("r", 9, start_ns=5000)
+    again = Rollout.from_dict({**done.to_dict(), "spans": [late.to_dict()], "error": "ignored"})
+    store.put_rollout(again)  # the same finished result: accepted, and it gains the span it lacked
+    got = store.get_rollout("r")
+    assert got is not None and len(got.spans) == 3 and got.error is None and got.spans[-1] == late
+
+
+def test_pages_list_every_row_once_whatever_the_ties(store: SqliteStore) -> None:
+    ids = []
+    for i in range(40):
+        rid = f"r{i:02d}"
+        r = make_rollout(rid, start=float(i % 3 == 0), n_spans=0)  # most at one start time, some at another
+        store.put_rollout(r, make_trajectory(r, i % 3))
+        ids.append(rid)
+    want = [r.id for r in store.rollouts()]
+    assert sorted(want) == sorted(ids)
+    for limit in (1, 3, 7, 100):
+        got, after = [], None
+        while True:
+            page, after = store.rollouts_page(limit=limit, after=after)
+            got += [r.id for r in page]
+            if after is None:
+                break
+        assert got == want
+        steps, after = [], None
+        while True:
+            chunk, after = store.transitions_page(limit=limit, after=after)
+            steps += chunk
+            if after is None:
+                break
+        assert steps == store.transitions()
+        trajs, after = [], None
+        while True:
+            part, after = store.trajectories_page(limit=limit, after=after, status="succeeded")
+            trajs += part
+            if after is None:
+                break
+        assert trajs == store.trajectories(status="succeeded")
+    page, after = store.rollouts_page(limit=5)
+    for k in range(5):  # stored while the walk is under way: tied, earlier and later
+        store.put_rollout(make_rollout(f"new{k}", start=(0.0, -1.0, 1.0, 0.0, 7.0)[k], n_spans=0))
+    rest: list[str] = []
+    while after is not None:
+        more, after = store.rollouts_page(limit=5, after=after)
+        rest += [r.id for r in more]
+    seen = [r.id for r in page] + rest
+    assert len(seen) == len(set(seen)) and set(ids) <= set(seen)
+    with pytest.raises(ValueError, match="not a cursor of this listing"):
+        store.rollouts_page(limit=5, after="r07")
+    with pytest.raises(ValueError, match="not a cursor of this listing"):
+        store.transitions_page(limit=5, after="0.0~3")
 
 
 def test_add_spans_appends_and_ignores_duplicates(store: SqliteStore) -> None:
@@ -307,12 +378,12 @@ def test_failed_write_rolls_back_and_keeps_earlier_data(tmp_path: Path) -> None:
     raw.close()
 
     with SqliteStore(path) as s:
-        replacement = make_rollout("r", status="failed", n_spans=1, reward=0.0)
+        replacement = make_rollout("r", n_spans=3)  # the same result again, with a span more and a rebuild
         with pytest.raises(StoreError, match="refused by test trigger"):
             s.put_rollout(replacement, make_trajectory(replacement, 1, model="boom"))
         assert (s.get_rollout("r"), s.transitions(), s.trajectories()) == before
         s.put_rollout(replacement, make_trajectory(replacement, 1))  # the store is still usable
-        assert s.trajectories()[0].reward == 0.0
+        assert len(s.transitions()) == 1 and len(s.spans("r")) == 3
 
 
 # --------------------------------------------------------------------------- concurrency

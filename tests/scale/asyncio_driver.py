@@ -12,6 +12,7 @@ or on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import sys
@@ -60,7 +61,8 @@ async def main(url: str, slots: int, idle_exit: float) -> None:
             except Exception as exc:  # noqa: BLE001 - the failure is the rollout's status, already posted
                 print(f"rollout {lease.task_id} failed: {type(exc).__name__}: {exc}", flush=True)
             if sink.summary is None:
-                await asyncio.to_thread(tasks.release, lease.lease_id, "the rollout was not posted")
+                await asyncio.to_thread(functools.partial(tasks.release, lease.lease_id, "the rollout was not posted",
+                                                          failed=True))
             else:
                 posted += 1
             last = time.monotonic()

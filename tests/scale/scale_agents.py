@@ -9,6 +9,12 @@ that made it. Three frameworks, each in a sync and an async form:
 - ``langchain``: LangChain's ``ChatOpenAI`` with a bound tool, call, run the tool, call again;
 - ``agents``: an OpenAI Agents SDK ``Agent`` with a function tool, through ``Runner.run``.
 
+A *poison* task (``"poison": "big" | "many"``) makes a rollout no server can
+store: one message, or 3,000 smaller ones, over the crash test server's body
+limit (413). Its task must end ``failed`` with that reason within
+``max_attempts`` tries, never leased over and over. (Text with a lone surrogate
+is no poison here: agl's collector stores it as U+FFFD.)
+
 The agents build their clients from ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``,
 which the worker points at the server's gateway, with the clients' default
 retries, as users keep them: at 64 concurrent slots on two busy cores a
@@ -148,8 +154,21 @@ async def _agents_async(task: dict[str, Any]) -> None:
     await Runner.run(agent, f"nonce={task['nonce']} look it up")
 
 
+def _poison(task: dict[str, Any]) -> None:
+    import agl_core as agl
+
+    if task["poison"] == "big":
+        agl.emit_message("x" * 1_500_000)  # over the crash test server's 1 MiB body limit
+    else:
+        for i in range(3_000):
+            agl.emit_message(f"step {i} " + "y" * 400)
+
+
 def agent(task: dict[str, Any]) -> float:
     """The sync agent a worker runs in its threads (the OpenAI Agents SDK on a loop of its own)."""
+    if task.get("poison"):
+        _poison(task)
+        return 1.0
     kind = task["kind"]
     if kind == "openai":
         _openai_sync(task)
@@ -162,6 +181,9 @@ def agent(task: dict[str, Any]) -> float:
 
 async def agent_async(task: dict[str, Any]) -> float:
     """The async agent (the worker runs it with ``asyncio.run``; the asyncio driver awaits many at once)."""
+    if task.get("poison"):
+        _poison(task)
+        return 1.0
     kind = task["kind"]
     if kind == "openai":
         await _openai_async(task)

@@ -93,8 +93,8 @@ class Processes:
         self.children.append(child)
         return child
 
-    def backend(self) -> tuple[Child, str]:
-        child = self.start("backend", [str(HERE / "fake_backend.py")], stdin=True)
+    def backend(self, port: int = 0) -> tuple[Child, str]:
+        child = self.start("backend", [str(HERE / "fake_backend.py"), str(port)], stdin=True)
         return child, child.wait_for_line("url ").split(" ", 1)[1]
 
     def server(self, db: Path, backend_url: str, port: int, *extra: str) -> tuple[Child, str]:
@@ -147,8 +147,9 @@ def _nonce_token(nonce: str) -> int:
     return tokenize(f" nonce={nonce}")[0]
 
 
-def make_tasks(n: int, seed: int, *, delay: tuple[float, float] | None = None) -> list[dict[str, Any]]:
-    """``n`` tasks over the three frameworks, each with a nonce whose token id no other task's shares."""
+def make_tasks(n: int, seed: int, *, delay: tuple[float, float] | None = None, poison: int = 0) -> list[dict[str, Any]]:
+    """``n`` tasks over the three frameworks, each with a nonce whose token id no other task's shares,
+    and ``poison`` tasks among them whose rollouts no server can store (see :mod:`scale_agents`)."""
     rng = random.Random(seed)
     used: set[int] = set()
     tasks = []
@@ -164,6 +165,9 @@ def make_tasks(n: int, seed: int, *, delay: tuple[float, float] | None = None) -
         if delay:
             task["delay"] = round(rng.uniform(*delay), 3)
         tasks.append(task)
+    for i in range(poison):
+        tasks.insert(rng.randrange(len(tasks) + 1), {"id": f"p{i:03d}", "kind": "poison", "nonce": "none",
+                                                     "steps": 0, "poison": ("big", "many")[i % 2]})
     return tasks
 
 

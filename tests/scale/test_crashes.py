@@ -1,13 +1,18 @@
-"""Workers killed at random points, and the server killed and restarted mid-run on the same database file.
+"""Workers, the server and the model backend killed mid-run, with poison tasks in the queue.
 
 A seeded schedule (``AGL_SCALE_SEED``) decides when to act, as shares of the
 run's tasks finished, and which busy worker dies: kill -9 a worker holding
-leases (a replacement starts), kill -9 the server and start it again on the
-same port and file, kill -9 another worker. Then every task must end done or
-failed with a reason; every finished rollout must be whole (its transitions
-checked against its agent, as in the concurrency test); no transition, span or
-nonce may appear twice; and a task that was retried must show it as new
-attempts, numbered up, with only its last attempt's rollout stored.
+leases (a replacement starts), kill -9 the model backend for a few seconds
+(the agents' calls fail for the infrastructure: their attempts are retried,
+not results), kill -9 the server and start it again on the same port and file,
+kill -9 another worker. Among the tasks are poison ones whose rollouts no
+server can store (over its body limit). Then every task must
+end done or failed with a reason, a poison task failed within ``max_attempts``
+tries; every finished rollout must be whole (its transitions checked against
+its agent, as in the concurrency test) and its own task's; no transition, span
+or nonce may appear twice; a task that was retried must show it as new
+attempts, numbered up, with only its last attempt's rollout stored; and every
+listing of the server (HttpStore) must hold exactly what the store holds.
 Token ids may miss the gateway's record only for calls answered within the
 last second before the server died (its records reach the file every 0.25 s).
 """
@@ -21,15 +26,19 @@ from typing import Any
 
 from scale_harness import FULL, SEED, Child, Processes, check_transitions, free_port, make_tasks, stop_gracefully
 
+from agl_core.store.http import HttpStore
 from agl_core.store.sqlite import SqliteStore
 from agl_core.worker import TaskClient
 from agl_trainer.queue import TaskQueue
 
 TASKS = 300 if FULL else 60
+POISON = 12 if FULL else 4
 WORKERS = 4 if FULL else 3
 THREADS = 4 if FULL else 3
 LEASE_TIMEOUT_S = 2.0
+MAX_ATTEMPTS = 4
 RESTART_GAP_S = (0.3, 1.5)
+BACKEND_GAP_S = (2.5, 3.5)  # longer than the agents' clients retry by themselves: some calls must fail
 
 
 def _busy_worker(client: TaskClient, alive: dict[str, Child], rng: random.Random) -> str | None:
@@ -43,8 +52,10 @@ def test_killed_workers_and_a_killed_server_lose_and_duplicate_nothing(procs: Pr
     rng = random.Random(SEED)
     db = tmp_path / "agl.db"
     port = free_port()
-    server_args = ("--lease-timeout", str(LEASE_TIMEOUT_S), "--max-attempts", "4", "--backend-timeout", "10")
-    _, backend_url = procs.backend()
+    server_args = ("--lease-timeout", str(LEASE_TIMEOUT_S), "--max-attempts", str(MAX_ATTEMPTS), "--backend-timeout",
+                   "10", "--max-body-mb", "1", "--retry-backoff", "0.5")
+    backend_port = free_port()
+    backend, backend_url = procs.backend(backend_port)
     server, url = procs.server(db, backend_url, port, *server_args)
     alive: dict[str, Child] = {}
     serial = 0
@@ -60,13 +71,13 @@ def test_killed_workers_and_a_killed_server_lose_and_duplicate_nothing(procs: Pr
     for child in alive.values():
         child.wait_for_line("agl worker: ", timeout=120)
 
-    tasks = make_tasks(TASKS, SEED, delay=(0.05, 0.4))
+    tasks = make_tasks(TASKS, SEED, delay=(0.05, 0.4), poison=POISON)
     by_id = {t["id"]: t for t in tasks}
     client = TaskClient(url, retry_s=30.0)
     client.enqueue(tasks)
-    # the schedule: at these shares of tasks done, kill a worker / the server / a worker
+    # the schedule: at these shares of tasks done, kill a worker / the backend / the server / a worker
     schedule = [(share + rng.uniform(-0.05, 0.05), what)
-                for share, what in ((0.2, "worker"), (0.45, "server"), (0.7, "worker"))]
+                for share, what in ((0.15, "worker"), (0.3, "backend"), (0.5, "server"), (0.7, "worker"))]
     log: list[str] = [f"seed {SEED}"]
     server_deaths: list[float] = []
     deadline = time.monotonic() + (900 if FULL else 240)
@@ -74,7 +85,7 @@ def test_killed_workers_and_a_killed_server_lose_and_duplicate_nothing(procs: Pr
         assert time.monotonic() < deadline, f"the run stalled: {client.counts()}; {log}"
         share, what = schedule[0]
         counts = client.counts()
-        if counts["done"] + counts["failed"] < share * TASKS:
+        if counts["done"] + counts["failed"] < share * len(tasks):
             time.sleep(0.05)
             continue
         time.sleep(rng.uniform(0.0, 0.3))  # a random point inside whatever is running now
@@ -85,6 +96,12 @@ def test_killed_workers_and_a_killed_server_lose_and_duplicate_nothing(procs: Pr
             alive.pop(name).kill()
             log.append(f"killed worker {name} at {counts}")
             start_worker()
+        elif what == "backend":
+            backend.kill()
+            time.sleep(rng.uniform(*BACKEND_GAP_S))
+            backend, url2 = procs.backend(backend_port)
+            assert url2 == backend_url
+            log.append(f"killed and restarted the model backend at {counts}")
         else:
             server.kill()
             server_deaths.append(time.time())
@@ -100,22 +117,34 @@ def test_killed_workers_and_a_killed_server_lose_and_duplicate_nothing(procs: Pr
         assert time.monotonic() < deadline, f"tasks still pending: {counts}; {log}"
         time.sleep(0.2)
     stop_gracefully(alive.values())
+    listed = _listings(HttpStore(url))
     stop_gracefully([server])
 
     store, queue = SqliteStore(str(db)), TaskQueue(str(db))
     try:
         problems = _check_run(store, queue, by_id, server_deaths)
+        if listed != _listings(store):
+            problems.append("the server's listings (HttpStore) differ from what its store holds")
         retried = [t for t in queue.tasks() if t.attempt > 1]
+        infrastructure = [a for t in queue.tasks() for a in (queue.get(t.task_id) or t).attempts
+                          if (a["outcome"] or "").startswith("failed: infrastructure")]
         failed_rollouts = store.rollouts(status="failed")
         sources = [t.token_source for t in store.transitions()]
     finally:
         store.close()
         queue.close()
-    print(f"\ncrashes: {'; '.join(log)}; final {counts}; {len(retried)} tasks retried, "
-          f"{len(failed_rollouts)} rollouts failed (their calls met the dead server), {len(sources)} transitions, "
-          f"{sum(s != 'gateway' for s in sources)} without the gateway's ids")
+    print(f"\ncrashes: {'; '.join(log)}; final {counts}; {len(retried)} tasks retried, {len(infrastructure)} "
+          f"attempts failed for the infrastructure (retried, not stored), {len(failed_rollouts)} rollouts failed, "
+          f"{len(sources)} transitions, {sum(s != 'gateway' for s in sources)} without the gateway's ids")
     assert not problems, "\n".join([*log, *problems[:40]])
     assert retried, f"no task was retried, so no kill landed mid-rollout: {log}"
+    assert infrastructure, f"no call met the dead backend, so no infrastructure failure was retried: {log}"
+
+
+def _listings(store: Any) -> tuple[list[str], list[tuple[str, int]], list[str]]:
+    """What every listing of ``store`` holds, in its order (HttpStore pages through the server's)."""
+    return ([r.id for r in store.rollouts()], [(t.rollout_id, t.index) for t in store.transitions()],
+            [t.rollout_id for t in store.trajectories()])
 
 
 def _check_run(store: SqliteStore, queue: TaskQueue, by_id: dict[str, dict[str, Any]],
@@ -136,11 +165,25 @@ def _check_run(store: SqliteStore, queue: TaskQueue, by_id: dict[str, dict[str, 
         end = span.end_ns / 1e9 if span is not None else 0.0
         return any(death - 1.0 <= end <= death for death in server_deaths)
 
+    owners: dict[str, str] = {}
     for task_id, task in by_id.items():
         info = queue.get(task_id)
         stored = rollouts.pop(task_id, [])
         if info is None or info.state not in ("done", "failed"):
             problems.append(f"{task_id}: ended {info and info.state}")
+            continue
+        for a in info.attempts:
+            if a["rollout_id"] is not None and owners.setdefault(a["rollout_id"], task_id) != task_id:
+                problems.append(f"{task_id}: its rollout {a['rollout_id']} is also {owners[a['rollout_id']]}'s")
+        tries = [a for a in info.attempts if not (a["outcome"] or "").startswith("released")]
+        if len(tries) > MAX_ATTEMPTS:
+            problems.append(f"{task_id}: {len(tries)} tries, more than max_attempts {MAX_ATTEMPTS}")
+        if task.get("poison"):
+            # a kill may land on a poison task too: one of its tries must have met the server's refusal
+            refused = any("bytes" in (a["outcome"] or "") for a in info.attempts)
+            if info.state != "failed" or not info.error or not refused or stored:
+                problems.append(f"{task_id} (poison {task['poison']}): {info.state} with {info.error!r}, "
+                                f"{len(stored)} rollouts stored")
             continue
         numbers = [a["attempt"] for a in info.attempts]
         if numbers != list(range(1, len(numbers) + 1)) or info.attempt != len(numbers):

@@ -7,17 +7,26 @@ Generation is derandomised and bounded (``max_examples`` per operation, a
 request timeout), so CI runs the same cases every time; ``AGL_FULL=1`` runs
 more. Checks: no 5xx but the gateway's documented 502/504 from the backend,
 every status and content type documented, every body matching its schema.
+
+Then every operation with a body again, each generated body poisoned at one
+place drawn at random: nesting 300 to 100,000 levels deep, a lone UTF-16
+surrogate, ``NaN`` or ``-Infinity``. Each must be a 400 naming the place
+(``body`` for nesting too deep to walk), whatever the route; and paths and
+query strings carrying bytes that are not UTF-8 get no 5xx either.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from scale_agents import model_reply
 from scale_harness import FULL
 from schemathesis.checks import not_a_server_error
@@ -72,6 +81,75 @@ def test_server_answers_every_generated_request_as_documented(case: Any, live: S
         STATUSES.setdefault(case.operation.label, set()).add(response.status_code)
 
 
+POISONS = [("deep", "[" * 300 + "]" * 300), ("deep", "[" * 100_000 + "]" * 100_000),
+           ("deep", '{"a":' * 5_000 + "1" + "}" * 5_000), ("surrogate", '"\\ud800"'), ("surrogate", '"x \\udfff y"'),
+           ("constant", "NaN"), ("constant", "-Infinity")]
+POISON_EXAMPLES = 60 if FULL else 12
+_MARK = "\u0000agl-poison\u0000"
+BODY_OPERATIONS = [(path, method) for path, ops in openapi_document()["paths"].items() for method, op in ops.items()
+                   if "requestBody" in op]
+
+
+def _places(value: Any, path: str = "") -> list[str]:
+    """Every place in a JSON value, as the server names fields: ``a.b[2]``, "" for the whole."""
+    out = [path]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _places(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _places(v, f"{path}[{i}]")
+    return out
+
+
+def _put(value: Any, path: str, new: Any) -> Any:
+    """``value`` with the place ``path`` (one of its :func:`_places`) replaced by ``new``."""
+    def walk(v: Any, here: str) -> Any:
+        if here == path:
+            return new
+        if isinstance(v, dict):
+            return {k: walk(x, f"{here}.{k}" if here else str(k)) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, f"{here}[{i}]") for i, x in enumerate(v)]
+        return v
+    return walk(value, "")
+
+
+@pytest.mark.parametrize(("path", "method"), BODY_OPERATIONS)
+def test_deep_nesting_surrogates_and_nan_anywhere_are_a_400_naming_the_place(live: ServerThread, path: str,
+                                                                               method: str) -> None:
+    operation = schema[path][method.upper()]
+
+    @settings(max_examples=POISON_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(), poison=st.sampled_from(POISONS), where=st.integers(0, 10**6))
+    def poisoned(case: Any, poison: tuple[str, str], where: int) -> None:
+        body = case.body if isinstance(case.body, (dict, list)) else {}
+        places = _places(body)
+        place = places[where % len(places)]
+        text = json.dumps(_put(body, place, _MARK), ensure_ascii=False).replace(json.dumps(_MARK), poison[1])
+        url = live.url + case.formatted_path
+        reply = httpx.request(method, url, params=case.query, content=text.encode(),
+                              headers={**AUTH, "Content-Type": "application/json"}, timeout=TIMEOUT_S)
+        assert reply.status_code == 400, f"{method} {case.formatted_path} with {poison[0]} at {place!r}: " \
+                                         f"{reply.status_code} {reply.text[:300]}"
+        param = reply.json()["error"]["param"]
+        expected = "body" if poison[0] == "deep" or place == "" else place
+        assert param == expected, f"{method} {case.formatted_path}: {poison[0]} at {place!r} named {param!r}"
+
+    poisoned()
+
+
+@pytest.mark.parametrize("target", ["/v1/tasks/%ED%A0%80", "/v1/rollouts/%ED%A0%80", "/v1/rollouts/%ED%A0%80/spans",
+                                    "/v1/rollouts?task_id=%ED%A0%80", "/v1/rollouts?after=%ED%A0%80",
+                                    "/v1/transitions?after=%00%FF", "/v1/tasks?after=%ED%A0%80"])
+def test_paths_and_queries_that_are_not_utf8_get_no_5xx(live: ServerThread, target: str) -> None:
+    reply = httpx.get(live.url + target, headers=AUTH, timeout=TIMEOUT_S)
+    assert reply.status_code < 500, reply.text
+    reply = httpx.post(live.url + "/v1/leases/%ED%A0%80/release", headers=AUTH, timeout=TIMEOUT_S)
+    assert reply.status_code in (400, 409), reply.text
+
+
 def test_generated_requests_got_through_to_every_operation() -> None:
     """Not all 401s or 400s: some generated request of each operation got past the token and the checks
     (a 2xx, or a 404/409 where the path names a lease or rollout that random ids never hit)."""
@@ -98,8 +176,6 @@ def test_every_route_of_the_app_is_in_the_document(tmp_path: Path) -> None:
 
 
 def test_the_server_serves_its_document(live: ServerThread) -> None:
-    import httpx
-
     reply = httpx.get(f"{live.url}/openapi.json", headers=AUTH, timeout=TIMEOUT_S)
     assert reply.status_code == 200 and reply.json() == openapi_document()
     assert reply.json()["components"]["schemas"]["Rollout"]["required"] == ["id", "task_id"]
@@ -122,8 +198,6 @@ def test_the_server_serves_its_document(live: ServerThread) -> None:
 ])
 def test_what_schemathesis_found_is_a_400_naming_the_field(live: ServerThread, method: str, path: str, body: Any,
                                                           param: str) -> None:
-    import httpx
-
     reply = httpx.request(method, live.url + path, json=body, headers=AUTH, timeout=TIMEOUT_S)
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == param

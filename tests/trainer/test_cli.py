@@ -88,6 +88,18 @@ def test_serve_prints_its_url_and_the_reading_commands_use_it(served: str, tmp_p
     assert unauthorised.returncode == 1 and f"Error: cannot read {served}" in unauthorised.stderr
 
 
+def test_doctor_probes_the_path_the_agents_client_will_use(served: str) -> None:
+    without_v1 = agl_cli("doctor", "--probe", env={"OPENAI_BASE_URL": served, "OPENAI_API_KEY": TOKEN},
+                         check=False).stdout
+    assert "probe: chat completion 404, token ids not returned (POST /chat/completions, the path the agent's client " \
+           "uses)" in without_v1, without_v1
+    assert "is the base URL missing its /v1?" in without_v1
+    with_v1 = agl_cli("doctor", "--probe", env={"OPENAI_BASE_URL": served + "/v1", "OPENAI_API_KEY": TOKEN}).stdout
+    assert "probe: chat completion 200, token ids returned (POST /v1/chat/completions" in with_v1, with_v1
+    root = agl_cli("doctor", "--probe", "--server", served, "--token", TOKEN).stdout  # agl worker adds the /v1
+    assert "probe: chat completion 200, token ids returned (POST /v1/chat/completions" in root, root
+
+
 def test_serve_bad_arguments_name_the_argument(fake: FakeOpenAI, tmp_path: Path) -> None:
     db = str(tmp_path / "x.db")
     cases = [
@@ -110,12 +122,47 @@ def test_serve_bad_arguments_name_the_argument(fake: FakeOpenAI, tmp_path: Path)
     assert not Path(db).exists()  # nothing was started
 
 
+def test_serve_on_a_busy_port_says_so_in_one_line(fake: FakeOpenAI, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        out = agl_cli("serve", "--db", str(tmp_path / "busy.db"), "--port", str(port), "--backend", fake.url,
+                      check=False, timeout=60)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stderr.strip().splitlines() == [
+        f"agl serve: port {port} on 127.0.0.1 is already in use (another agl serve?): stop it, or pick another port "
+        "with --port (--port 0 takes any free one)"], out.stderr
+
+
+def test_serve_warns_at_start_when_the_backend_does_not_answer(tmp_path: Path,
+                                                               subprocess_env: dict[str, str]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    proc = subprocess.Popen([str(AGL), "serve", "--db", str(tmp_path / "w.db"), "--port", "0", "--backend", dead],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith("agl serve: listening on ")
+        warning = proc.stderr.readline()
+        assert warning.startswith(f"agl serve: warning: the model backend at {dead} does not answer GET /models "
+                                  "(it cannot be reached: "), warning
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
 def test_serve_help_keeps_every_option() -> None:
     text = agl_cli("serve", "--help").stdout
     for option in ("--db", "--host", "--port", "--token", "--backend", "--engine", "--backend-key",
                    "--backend-timeout", "--model", "--model-rule", "--sampling-default", "--sampling-override",
-                   "--device", "--max-batch", "--agent-match", "--lease-timeout", "--max-attempts", "--max-body-mb",
-                   "--log-level"):
+                   "--device", "--max-batch", "--agent-match", "--lease-timeout", "--max-attempts", "--retry-backoff",
+                   "--max-body-mb", "--header-timeout", "--body-timeout", "--log-level"):
         assert re.search(rf"^\s+{option}\b", text, re.M), option
     assert "Usage: agl serve [OPTIONS]" in text
 

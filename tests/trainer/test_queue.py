@@ -95,6 +95,47 @@ def test_release_is_not_a_try(queue: TaskQueue, clock: Clock) -> None:
     assert queue.get("t").state == "queued"  # type: ignore[union-attr]
 
 
+def test_a_failed_release_is_a_try_with_back_off(tmp_path: Path, clock: Clock) -> None:
+    queue = TaskQueue(str(tmp_path / "b.db"), default_max_attempts=3, backoff_s=2.0, max_backoff_s=3.0, clock=clock)
+    queue.enqueue([TaskSpec("x", task_id="t"), TaskSpec("y", task_id="u")])
+    lease = queue.lease("w")
+    assert lease is not None and lease.task_id == "t"
+    queue.release(lease.lease_id, "the server refused it", failed=True)
+    info = queue.get("t")
+    assert info is not None and (info.state, info.not_before) == ("queued", clock.now + 2.0)
+    again = queue.lease("w")
+    assert again is not None and again.task_id == "u"  # t waits out its back-off: the next task goes first
+    assert queue.lease("w") is None
+    clock.now += 2.0
+    second = queue.lease("w")
+    assert second is not None and (second.task_id, second.attempt) == ("t", 2)
+    queue.release(second.lease_id, "again", failed=True)
+    assert queue.get("t").not_before == clock.now + 3.0  # type: ignore[union-attr]  # 4 s, capped at 3
+    clock.now += 3.0
+    third = queue.lease("w")
+    assert third is not None
+    queue.release(third.lease_id, "and again", failed=True)
+    info = queue.get("t")
+    assert info is not None and info.state == "failed" and info.error == "gave up after 3 attempts; last: and again"
+    assert [a["outcome"] for a in info.attempts] == ["failed: the server refused it", "failed: again",
+                                                     "failed: and again"]
+
+
+def test_a_payload_is_checked_by_the_rollouts_rules(tmp_path: Path) -> None:
+    queue = TaskQueue(str(tmp_path / "p.db"), max_task_bytes=100)
+    deep: object = 1
+    for _ in range(70):
+        deep = [deep]
+    for payload, field, problem in ((deep, "tasks[1].task[0]", "nested deeper than 64 levels"),
+                                    ({"q": "\ud800"}, "tasks[1].task.q", "lone UTF-16 surrogate"),
+                                    ({"q": float("nan")}, "tasks[1].task.q", "finite number"),
+                                    ("x" * 200, "tasks[1].task", "202 bytes of JSON")):
+        with pytest.raises(SchemaError) as err:
+            queue.enqueue([TaskSpec("fine", task_id="a"), TaskSpec(payload, task_id="b")])
+        assert err.value.field.startswith(field) and problem in err.value.problem, err.value
+    assert queue.counts()["queued"] == 0  # all or nothing
+
+
 def test_finishing_refuses_a_lease_that_moved_on(queue: TaskQueue, clock: Clock) -> None:
     queue.enqueue([TaskSpec("x", task_id="t")])
     old = queue.lease("w1")

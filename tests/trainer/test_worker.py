@@ -70,18 +70,20 @@ def test_worker_runs_an_async_rollout_fn_with_streaming(fake: FakeOpenAI, make_s
     assert len(streamed) == 8 and all(t.response_logprobs for t in streamed)
 
 
-def test_backend_failure_fails_the_rollout_with_the_reason(make_server: ServerFactory) -> None:
+def test_a_backend_failure_is_retried_and_the_next_attempt_is_the_result(make_server: ServerFactory) -> None:
+    """A 500 from the engine is the infrastructure failing, not the agent: no failed rollout is stored for it."""
     with FakeOpenAI(script=[{"status": 500, "error": "engine crashed"}]) as fake:
-        srv = make_server(fake)
+        srv = make_server(fake, retry_backoff_s=0.05)
         tasks = TaskClient(srv.url)
         tasks.enqueue(QUESTIONS[:1])
         worker = _run_worker(srv.url, agents.solve, concurrency=1)
-    assert worker.stats.agent_errors == 1 and worker.stats.posted == 1
+    assert worker.stats.agent_errors == 1 and worker.stats.infrastructure_errors == 1 and worker.stats.posted == 1
+    info = tasks.task("q0")
+    assert (info["state"], info["attempt"]) == ("done", 2)
+    assert info["attempts"][0]["outcome"].startswith("failed: infrastructure") \
+        and "engine crashed" in info["attempts"][0]["outcome"]
     (rollout,) = srv.server.store.rollouts()
-    assert rollout.status == "failed" and "engine crashed" in (rollout.error or "")
-    assert tasks.task("q0")["state"] == "done"
-    (traj,) = srv.server.store.trajectories()
-    assert traj.transitions == [] and "the call failed" in traj.skipped[0].reason
+    assert (rollout.status, rollout.attempt, rollout.final_reward) == ("succeeded", 2, 1.0)
 
 
 def test_bad_agent_spec_is_refused() -> None:
@@ -308,8 +310,8 @@ def _dead_backend() -> str:
 
 
 @pytest.mark.parametrize("failure", ["timeout", "unreachable"])
-def test_a_backend_that_times_out_or_is_down_fails_the_rollout_with_the_reason(make_server: ServerFactory,
-                                                                               failure: str) -> None:
+def test_a_backend_that_times_out_or_is_down_fails_the_task_with_the_reason(make_server: ServerFactory,
+                                                                            failure: str) -> None:
     from agl_trainer.gateway import GatewayConfig, OpenAIBackend
 
     def slow(body: dict[str, Any]) -> str:
@@ -318,7 +320,7 @@ def test_a_backend_that_times_out_or_is_down_fails_the_rollout_with_the_reason(m
 
     with FakeOpenAI(script=slow) as fake:
         backend = OpenAIBackend(fake.url, timeout_s=0.3) if failure == "timeout" else OpenAIBackend(_dead_backend())
-        srv = make_server(backend, gateway=GatewayConfig(served_model="policy"))
+        srv = make_server(backend, gateway=GatewayConfig(served_model="policy"), max_attempts=2, retry_backoff_s=0.05)
         tasks = TaskClient(srv.url)
         tasks.enqueue(QUESTIONS[:1])
         worker = _run_worker(srv.url, agents.solve, concurrency=1)
@@ -364,7 +366,7 @@ def test_a_backend_that_dies_mid_stream_fails_the_rollout_with_the_reason(make_s
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         srv = make_server(OpenAIBackend(f"http://127.0.0.1:{server.server_address[1]}/v1"),
-                          gateway=GatewayConfig(served_model="policy"))
+                          gateway=GatewayConfig(served_model="policy"), max_attempts=2, retry_backoff_s=0.05)
         tasks = TaskClient(srv.url)
         tasks.enqueue(QUESTIONS[:1])
         worker = _run_worker(srv.url, streaming_agent, concurrency=1)
@@ -374,14 +376,12 @@ def test_a_backend_that_dies_mid_stream_fails_the_rollout_with_the_reason(make_s
     _assert_failed_with(srv, tasks, worker, "closed the connection mid-response")
     assert len(srv.server.records) == 0  # the broken call left no half record
     assert srv.server.store.transitions() == []  # the partial "Hel" is never trained on
-    (traj,) = srv.server.store.trajectories()
-    assert traj.skipped[-1].reason == "the call failed (APIError): no response to train on"
 
 
 def _assert_failed_with(srv: Any, tasks: TaskClient, worker: Worker, reason: str) -> None:
-    assert worker.stats.agent_errors == 1 and worker.stats.posted == 1
-    (rollout,) = srv.server.store.rollouts()
-    assert rollout.status == "failed" and reason in (rollout.error or ""), rollout.error
-    assert tasks.task("q0")["state"] == "done"  # the attempt ended, failed with its reason
-    (traj,) = srv.server.store.trajectories()
-    assert traj.transitions == [] and "the call failed" in traj.skipped[-1].reason
+    """The infrastructure failed every try: the task fails with the reason, and no failed rollout is a result."""
+    assert worker.stats.agent_errors == 2 and worker.stats.infrastructure_errors == 2 and worker.stats.posted == 0
+    info = tasks.task("q0")
+    assert info["state"] == "failed" and reason in info["error"] and "gave up after 2 attempts" in info["error"]
+    assert [a["outcome"].startswith("failed: infrastructure") for a in info["attempts"]] == [True, True]
+    assert srv.server.store.rollouts() == []

@@ -5,13 +5,20 @@
     agl serve --host 0.0.0.0 --token "$AGL_TOKEN" ...      # beyond this machine: a token is required
 
 When it is listening ``agl serve`` prints one line, ``agl serve: listening on URL``,
-so a script can start it on ``--port 0`` and read which port it got.
+so a script can start it on ``--port 0`` and read which port it got. A port that
+is taken is one line naming it (exit 2), and a ``--backend`` that does not answer
+``GET /models`` is a warning at start (the server runs; the gateway answers 502
+until the backend is up).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
+import threading
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,16 +72,22 @@ def _pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
               help="seconds a lease lasts without a heartbeat")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
               help="tries per task before it is marked failed")
+@click.option("--retry-backoff", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="seconds a task waits after a failed try before its next lease, doubling each try (60 s at most)")
 @click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=64.0, show_default=True,
-              help="largest request body accepted, in MiB")
+              help="largest request body accepted, in MiB (a task payload: half of it)")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="seconds a client gets to send a request's head before its connection is closed")
+@click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+              help="seconds a client gets to send a request's body after its head")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
 def serve(db: str, host: str, port: int, token: str | None, backend: str | None, engine: str | None,
           backend_key: str | None, backend_timeout: float, model: str | None, model_rule: str,
           sampling_defaults: dict[str, Any], sampling_overrides: dict[str, Any], train_temperature: float | None,
           device: str, max_batch: int,
-          agent_match: str | None, lease_timeout: float, max_attempts: int, max_body_mb: float,
-          log_level: str) -> None:
+          agent_match: str | None, lease_timeout: float, max_attempts: int, retry_backoff: float, max_body_mb: float,
+          header_timeout: float, body_timeout: float, log_level: str) -> None:
     """The agl trainer server: task queue, rollouts, model version, the token-recording OpenAI-compatible
     gateway and the dashboard. Give exactly one of --backend URL or --engine PATH."""
     if (backend is None) == (engine is None):
@@ -106,7 +119,8 @@ def serve(db: str, host: str, port: int, token: str | None, backend: str | None,
         chosen = TorchEngine.from_pretrained(engine, name=model, device=device, max_batch=max_batch)
     config = ServerConfig(
         db_path=db, host=host, port=port, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024),
-        lease_timeout_s=lease_timeout, max_attempts=max_attempts,
+        lease_timeout_s=lease_timeout, max_attempts=max_attempts, retry_backoff_s=retry_backoff,
+        header_timeout_s=header_timeout, body_timeout_s=body_timeout,
         gateway=GatewayConfig(served_model=model, model_rule=model_rule,
                               sampling_defaults=sampling_defaults, sampling_overrides=sampling_overrides),
         builder=builder,
@@ -115,8 +129,41 @@ def serve(db: str, host: str, port: int, token: str | None, backend: str | None,
 
     def ready(url: str) -> None:
         click.echo(f"agl serve: listening on {url}")
+        if backend is not None:
+            threading.Thread(target=_check_backend, args=(backend, backend_key), daemon=True).start()
 
-    run_server(server, on_ready=ready, log_level=log_level.lower())
+    try:
+        run_server(server, on_ready=ready, log_level=log_level.lower())
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            click.echo(f"agl serve: port {port} on {host} is already in use (another agl serve?): stop it, or pick "
+                       f"another port with --port (--port 0 takes any free one)", err=True)
+        elif exc.errno == errno.EACCES:
+            click.echo(f"agl serve: not allowed to listen on port {port} on {host} (ports below 1024 need root): "
+                       f"pick another with --port", err=True)
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            click.echo(f"agl serve: {host} is not an address of this machine: pick another with --host", err=True)
+        else:
+            raise
+        sys.exit(2)
+
+
+def _check_backend(base_url: str, key: str | None, timeout: float = 5.0) -> None:
+    """Warn (once, at start) when the backend does not answer ``GET /models``: every call would be a 502."""
+    request = urllib.request.Request(base_url.rstrip("/") + "/models", method="GET")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the operator's URL
+            if response.status == 200:
+                return
+            why = f"it answered {response.status}"
+    except urllib.error.HTTPError as exc:
+        why = f"it answered {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        why = f"it cannot be reached: {getattr(exc, 'reason', exc)}"
+    click.echo(f"agl serve: warning: the model backend at {base_url} does not answer GET /models ({why}); the "
+               f"gateway answers 502 to every call until it does (is --backend the base URL ending in /v1?)", err=True)
 
 
 @click.command("demo", add_help_option=False,

@@ -36,6 +36,14 @@ event) leaves. Streaming keeps the ids: they are read chunk by chunk.
   agent's reply carries token ids and logprobs only when the agent asked for
   them itself, so the agent sees the reply it would get from the backend.
 - With ``n > 1`` only the first choice is recorded: one request is one transition.
+
+**What is never recorded.** The backend's reply must be JSON a store can keep:
+``NaN``/``Infinity`` anywhere or a lone surrogate in its text makes the reply a
+502 naming the field; so do token ids that are not integers from 0 to
+:data:`MAX_TOKEN_ID` and logprobs that are not finite numbers (vLLM itself
+clamps ``-inf`` to ``-9999.0``). Nothing of such a call is recorded and the
+agent sees the 502, so its rollout fails for the infrastructure and is retried,
+rather than a bad value poisoning the rollout later.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,12 +62,20 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from agl_core.schema import ROLES
-from agl_trainer.api import DEFAULT_MAX_BODY_BYTES, ApiError, error_body, read_json, read_object
+from agl_trainer.api import (
+    DEFAULT_MAX_BODY_BYTES,
+    ApiError,
+    JsonProblem,
+    error_body,
+    parse_json,
+    read_json,
+    read_object,
+)
 from agl_trainer.token_records import TokenRecord, TokenRecords, parse_traceparent
 from agl_trainer.upstream import Upstream
 
-__all__ = ["Backend", "BackendError", "BackendReply", "Chunks", "Gateway", "GatewayConfig", "OpenAIBackend",
-           "sampling_mismatch", "training_sampling"]
+__all__ = ["MAX_TOKEN_ID", "Backend", "BackendError", "BackendReply", "Chunks", "Gateway", "GatewayConfig",
+           "OpenAIBackend", "sampling_mismatch", "training_sampling"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -66,6 +83,8 @@ Endpoint = Literal["chat/completions", "completions"]
 Chunks = AsyncGenerator[dict[str, Any], None]
 """A streamed reply: the JSON payloads of its ``data:`` events, before ``[DONE]``."""
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest token id the gateway records (no vocabulary comes near it; a bigger one is a broken reply)."""
 
 
 # --------------------------------------------------------------------------- backends
@@ -191,7 +210,10 @@ class OpenAIBackend:
 def _event(payload: bytes) -> dict[str, Any]:
     """One SSE ``data:`` payload of a stream, or the error it reports."""
     try:
-        chunk = json.loads(payload)
+        chunk = parse_json(payload)
+    except JsonProblem as exc:
+        raise BackendError(502, f"the model backend sent a stream event that is refused: {exc} "
+                                "(nothing was recorded)") from None
     except ValueError:
         raise BackendError(502, f"the model backend sent a stream event that is not JSON: {payload[:200]!r}") from None
     if not isinstance(chunk, dict):
@@ -205,7 +227,11 @@ def _event(payload: bytes) -> dict[str, Any]:
 
 def _reply(status: int, raw: bytes) -> BackendReply:
     try:
-        return BackendReply(status, json.loads(raw), "")
+        return BackendReply(status, parse_json(raw), "")
+    except JsonProblem as exc:
+        if 200 <= status < 300:
+            raise BackendError(502, f"the model backend's reply is refused: {exc} (nothing was recorded)") from None
+        return BackendReply(status, None, raw.decode("utf-8", "replace"))
     except ValueError:
         return BackendReply(status, None, raw.decode("utf-8", "replace"))
 
@@ -336,6 +362,10 @@ def check_completion(body: Mapping[str, Any]) -> None:
         isinstance(t, int) and not isinstance(t, bool) for t in prompt))
     if not ok:
         raise ApiError(400, "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt")
+    if isinstance(prompt, list) and not 0 <= min(prompt) <= max(prompt) <= MAX_TOKEN_ID:
+        i = next(i for i, t in enumerate(prompt) if not 0 <= t <= MAX_TOKEN_ID)
+        raise ApiError(400, f"'prompt[{i}]' is {prompt[i]}: a token id is an integer from 0 to {MAX_TOKEN_ID}",
+                       f"prompt[{i}]")
     _check_type(body, "logprobs", (int,), "an integer (how many top logprobs)")
     _check_type(body, "echo", (bool,), "true or false")
     _check_common(body)
@@ -362,6 +392,31 @@ def _int_list(value: Any) -> list[int] | None:
     return None
 
 
+def _token_ids(value: Any, field: str) -> list[int] | None:
+    """A reply's token id list, or None when it has none; BackendError naming the id out of range."""
+    ids = _int_list(value)
+    if ids and not 0 <= min(ids) <= max(ids) <= MAX_TOKEN_ID:
+        i = next(i for i, t in enumerate(ids) if not 0 <= t <= MAX_TOKEN_ID)
+        raise BackendError(502, f"the model backend's reply is refused: {field}[{i}] is {ids[i]}, not a token id "
+                                f"(an integer from 0 to {MAX_TOKEN_ID}); nothing was recorded")
+    return ids
+
+
+def _check_logprobs(values: list[Any], endpoint: Endpoint, field: str) -> None:
+    """BackendError naming the first logprob that is NaN or infinite (the sum is a cheap test for all)."""
+    try:
+        if math.isfinite(sum(values)):
+            return
+    except TypeError:  # a missing logprob: the record keeps none (see _Ids.record), which is no wrong value
+        pass
+    for i, v in enumerate(values):
+        if isinstance(v, float) and not math.isfinite(v):
+            where = f"{field}.logprobs.content[{i}].logprob" if endpoint == "chat/completions" \
+                else f"{field}.logprobs.token_logprobs[{i}]"
+            raise BackendError(502, f"the model backend's reply is refused: {where} is {v!r}, not a finite "
+                                    "logprob; nothing was recorded")
+
+
 class _Ids:
     """The ids of one call, folded from a reply or from stream chunks (first choice only)."""
 
@@ -383,17 +438,23 @@ class _Ids:
                 if isinstance(choice, dict) and choice.get("index", 0) == 0:
                     first = choice
                     break
+        where = f"choices[{choices.index(first)}]" if first is not None and isinstance(choices, list) else ""
         if first is not None and prompt is None:
             prompt = first.get("prompt_token_ids")  # where text completions put it
+            field = f"{where}.prompt_token_ids"
+        else:
+            field = "prompt_token_ids"
         if prompt is not None and self.prompt is None:
-            self.prompt = _int_list(prompt)
+            self.prompt = _token_ids(prompt, field)
         if first is None:
             return
-        ids = _int_list(first.get("token_ids"))
+        ids = _token_ids(first.get("token_ids"), f"{where}.token_ids")
         if ids is not None:
             self.saw_response = True
             self.response.extend(ids)
             values = _logprob_values(first.get("logprobs"), self.endpoint)
+            if values:
+                _check_logprobs(values, self.endpoint, where)
             if values is not None and self.logprobs is not None and len(values) == len(ids):
                 self.logprobs.extend(values)
             elif ids:
@@ -515,16 +576,22 @@ class Gateway:
         if reply.status != 200 or not isinstance(reply.data, dict):
             return _relay_error(reply)
         data = reply.data
+        ids = _Ids(endpoint)
+        try:
+            ids.add(data)  # before anything is recorded or answered: a bad value is a 502, never a record
+            if not (keep_ids and keep_logprobs):
+                _strip(data, keep_ids, keep_logprobs)
+            answer = _dumps(data)
+        except BackendError as exc:
+            raise ApiError(exc.status, exc.message) from None
+        except ValueError as exc:  # a backend in this process (the engine) answered a value JSON cannot carry
+            raise ApiError(502, f"the model backend's reply is refused: {exc} (nothing was recorded)") from None
         if key is not None:
-            ids = _Ids(endpoint)
-            ids.add(data)
             record = ids.record(data.get("model"), self.model_version())
             if record is not None:
                 self.records.put(key, record)
                 self.recorded += 1
-        if not (keep_ids and keep_logprobs):
-            _strip(data, keep_ids, keep_logprobs)
-        return Response(_dumps(data), media_type="application/json")
+        return Response(answer, media_type="application/json")
 
     async def _events(self, chunks: Chunks, endpoint: Endpoint, key: Any,
                       keep_ids: bool, keep_logprobs: bool) -> AsyncIterator[bytes]:
@@ -538,7 +605,12 @@ class Gateway:
                 model = model or chunk.get("model")
                 if not (keep_ids and keep_logprobs):
                     _strip(chunk, keep_ids, keep_logprobs)
-                yield b"data: " + _dumps(chunk).encode() + b"\n\n"
+                try:
+                    event = _dumps(chunk).encode()
+                except ValueError as exc:  # a backend in this process answered a value JSON cannot carry
+                    raise BackendError(502, f"the model backend's stream is refused: {exc} (nothing was recorded)"
+                                       ) from None
+                yield b"data: " + event + b"\n\n"
         except BackendError as exc:
             # the agent's client raises on an error event: its rollout fails with this reason
             yield b"data: " + _dumps(error_body(exc.status, exc.message)).encode() + b"\n\n"

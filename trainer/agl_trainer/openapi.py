@@ -22,8 +22,10 @@ from importlib import resources
 from typing import Any
 
 from agl_trainer import dashboard
+from agl_trainer.gateway import MAX_TOKEN_ID
 from agl_trainer.paging import DEFAULT_LIMIT, MAX_LIMIT
 from agl_trainer.queue import MAX_TASKS_PER_CALL
+from agl_trainer.token_records import MAX_MODEL_VERSION, MAX_VERSION_STEP
 
 __all__ = ["openapi_document", "openapi_json"]
 
@@ -87,13 +89,17 @@ _TASK_INFO = _obj({
     "attempt": _COUNT, "max_attempts": {"type": "integer", "minimum": 1}, "released": _COUNT,
     "rollout_id": _nullable(_STRING), "error": _nullable(_STRING), "lease_id": _nullable(_STRING),
     "worker_id": _nullable(_STRING), "deadline": _nullable({"type": "number"}),
+    "not_before": {**_nullable({"type": "number"}), "description": "A queued task whose last try failed waits "
+                                                                    "until then (epoch seconds) for its next lease."},
     "attempts": {"type": "array", "items": _ATTEMPT},
 }, ("task_id", "group_id", "task", "state", "attempt", "max_attempts", "released", "rollout_id", "error",
-    "lease_id", "worker_id", "deadline", "attempts"))
+    "lease_id", "worker_id", "deadline", "not_before", "attempts"))
 
 _ENQUEUE = _obj({
     "tasks": {"type": "array", "maxItems": MAX_TASKS_PER_CALL, "items": _obj({
-        "task": {"description": "The task payload: any JSON; a dict's task_id or id key names the task."},
+        "task": {"description": "The task payload: any JSON a rollout can carry (nesting at most 64 levels, "
+                                "finite numbers, unicode text, at most the server's task size); a dict's task_id "
+                                "or id key names the task."},
         "task_id": _nullable(_NON_EMPTY),
         "group_id": _nullable(_NON_EMPTY),
     }, ("task",))},
@@ -155,7 +161,8 @@ _CHAT_REQUEST = _obj({
 }, ("messages",), extra=True)
 
 _COMPLETION_REQUEST = _obj({
-    "prompt": {"anyOf": [_STRING, {"type": "array", "minItems": 1, "items": {"type": "integer"}}]},
+    "prompt": {"anyOf": [_STRING, {"type": "array", "minItems": 1,
+                                   "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}}]},
     **{name: _nullable(schema) for name, schema in {
         "logprobs": {"type": "integer"},
         "echo": {"type": "boolean"},
@@ -172,9 +179,13 @@ _ERRORS = {
     400: "Bad input: the body or a parameter; error.param names the field.",
     401: "A bearer token is needed (the server was started with one) or is wrong.",
     404: "No such record.",
-    409: "Conflict: the lease is no longer current, or the model version is not newer.",
+    408: "The request's head or body did not arrive in time (a slow client); the connection is closed.",
+    409: "Conflict: the lease is no longer current; a rollout id that belongs to another task or attempt, or a "
+         "finished rollout whose status or rewards would change (error.param names the field); or a model "
+         "version that is not newer.",
     413: "The request body is larger than the server accepts.",
-    502: "The model backend failed, or could not be reached.",
+    502: "The model backend failed, could not be reached, or answered what the gateway cannot record (NaN, a lone "
+         "surrogate, a token id out of range: the message names the field).",
     503: "The store could not do it (a busy or failing database); safe to retry.",
     504: "The model backend did not answer in time.",
 }
@@ -195,8 +206,9 @@ def _body(schema: Schema, *, required: bool = True) -> Schema:
 def _op(summary: str, responses: dict[int, Schema], *, errors: tuple[int, ...] = (), body: Schema | None = None,
         params: list[Schema] | None = None, secured: bool = True) -> Schema:
     out: Schema = {"summary": summary, "responses": {str(k): v for k, v in responses.items()}}
-    # every route with a JSON body may get 400 (not JSON, wrong shape) and 413 (too large)
-    codes = set(errors) | ({400, 413} if body is not None else set()) | ({401} if secured else set())
+    # every route with a JSON body may get 400 (not JSON, NaN, a lone surrogate, too deep, wrong shape),
+    # 408 (too slow) and 413 (too large)
+    codes = set(errors) | ({400, 408, 413} if body is not None else set()) | ({401} if secured else set())
     for code in sorted(codes):
         out["responses"][str(code)] = _error(code)
     if body is not None:
@@ -226,8 +238,8 @@ _BOOL = {"type": "boolean"}
 _PAGE_PARAMS = [
     _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
            f"Items in this page: {DEFAULT_LIMIT} unless given, at most {MAX_LIMIT}."),
-    _query("after", _STRING, "The next of the page before: this page starts after it. A cursor this "
-                             "listing never gave is a 400."),
+    _query("after", _STRING, "The next of the page before: this page starts after the place it names in the "
+                             "listing's order. A cursor this listing never gave is a 400."),
 ]
 
 
@@ -235,8 +247,8 @@ def _page(key: str, item: Schema) -> Schema:
     """One page of a listing: its items under ``key`` and the cursor of the next page."""
     return _json(_obj({key: {"type": "array", "items": item},
                        "next": {**_nullable(_STRING), "description": "Pass as after for the next page; null on the "
-                                                                    "last page (a non-null next may lead to an "
-                                                                    "empty last page)."}},
+                                                                    "last page. Every item is listed exactly once, "
+                                                                    "ties in start time included."}},
                       (key, "next")))
 
 
@@ -296,17 +308,22 @@ def _paths() -> dict[str, Any]:
             body=_body(_obj({"lease_ids": {"type": "array", "items": _STRING}}, ("lease_ids",), extra=True)),
             errors=(503,))},
         "/v1/leases/{lease_id}/release": {"post": _op(
-            "Give a lease back: the task is queued again and this attempt is not counted as a try.",
+            "Give a lease back: the task is queued again. A shutdown's release is not counted as a try; with "
+            "failed=true (the attempt ended without a result) it is, and the task backs off before its next lease, "
+            "or fails with the reason after max_attempts tries.",
             {200: _json(_obj({"released": _STRING}, ("released",)))},
-            body=_body(_obj({"reason": _nullable(_STRING)}, extra=True), required=False),
+            body=_body(_obj({"reason": _nullable(_STRING), "failed": {"type": "boolean", "default": False}},
+                            extra=True), required=False),
             params=[_path("lease_id")], errors=(409, 503))},
         "/v1/rollouts": {
-            "post": _op("Store a finished rollout (spans included); with lease_id its task is done in the same step.",
+            "post": _op("Store a finished rollout (spans included); with lease_id its task is done in the same step. "
+                        "A rollout id belongs to one task and attempt, and a finished rollout is final: the same "
+                        "result again is accepted (and adds spans), anything else is a 409.",
                         {201: _json(_ROLLOUT_SUMMARY, "Stored; its transitions were built with gateway token ids.")},
                         body=_body(_ref("Rollout")),
                         params=[_query("lease_id", _STRING, "The lease this rollout is the result of.")],
                         errors=(409, 503)),
-            "get": _op("One page of the stored rollouts, oldest first (cursor: a rollout id).",
+            "get": _op("One page of the stored rollouts, oldest first (by start time, then as stored).",
                        {200: _page("rollouts", _ref("Rollout"))},
                        params=[_query("task_id", _STRING), _query("status", {"enum": _ROLLOUT_STATUSES}, array=True),
                                _query("since", {"type": "number"}), _query("until", {"type": "number"}),
@@ -319,8 +336,11 @@ def _paths() -> dict[str, Any]:
             "get": _op("A rollout's spans.", {200: _json(_obj({"spans": {"type": "array", "items": _ref("Span")}},
                                                               ("spans",)))},
                        params=[_path("rollout_id")], errors=(503,)),
-            "post": _op("Add spans to a stored rollout (a span id it already has is kept as it was).",
-                        {200: _json(_obj({"added": _COUNT}, ("added",)))},
+            "post": _op("Add spans to a stored rollout (a span id it already has is kept as it was); its "
+                        "transitions are built again from all its spans.",
+                        {200: _json({**_ROLLOUT_SUMMARY, "properties": {**_ROLLOUT_SUMMARY["properties"],
+                                                                         "added": _COUNT},
+                                     "required": [*_ROLLOUT_SUMMARY["required"], "added"]})},
                         body=_body(_obj({"spans": {"type": "array", "items": _ref("Span")}}, ("spans",), extra=True)),
                         params=[_path("rollout_id")], errors=(404, 503)),
         },
@@ -329,8 +349,8 @@ def _paths() -> dict[str, Any]:
             {200: _page("transitions", _ref("Transition"))},
             params=[_query("rollout_id", _STRING), _query("task_id", _STRING), *_PAGE_PARAMS], errors=(400, 503))},
         "/v1/trajectories": {"get": _op(
-            "One page of the stored trajectories (transitions with rewards), by task, status or rollout ids "
-            "(cursor: a rollout id).",
+            "One page of the stored trajectories (transitions with rewards), by task, status or rollout ids, "
+            "in rollout order.",
             {200: _page("trajectories", _ref("Trajectory"))},
             params=[_query("task_id", _STRING), _query("status", {"enum": _ROLLOUT_STATUSES}, array=True),
                     _query("rollout_id", _STRING, array=True), *_PAGE_PARAMS], errors=(400, 503))},
@@ -353,10 +373,13 @@ def _paths() -> dict[str, Any]:
             errors=(400, 503))},
         "/v1/model": {
             "get": _op("The current model version, its weights and the served model's name.", {200: _json(_MODEL)}),
-            "post": _op("Announce new weights: the backend swaps them in, then calls are recorded under version.",
+            "post": _op("Announce new weights: the backend swaps them in, then calls are recorded under version. "
+                        f"A version is newer than the current one by at most {MAX_VERSION_STEP}; without one, the "
+                        "next.",
                         {200: _json(_MODEL)},
-                        body=_body(_obj({"version": {"type": "integer", "minimum": 0, "maximum": SQLITE_MAX_INT},
-                                         "weights": _nullable(_STRING)}, ("version",), extra=True)),
+                        body=_body(_obj({"version": _nullable({"type": "integer", "minimum": 0,
+                                                               "maximum": MAX_MODEL_VERSION}),
+                                         "weights": _nullable(_STRING)}, extra=True)),
                         errors=(409, 502, 503, 504)),
         },
         "/v1/metrics": {

@@ -2,19 +2,23 @@
 
 Each answers at most ``limit`` items (default :data:`DEFAULT_LIMIT`, at most
 :data:`MAX_LIMIT`) and ``next``: the cursor to pass as ``after`` for the page
-that follows, or null when nothing follows. A non-null ``next`` may lead to an
-empty last page. Cursors are opaque: a task id, a rollout id, or for
-transitions ``<position>:<rollout id>``; one the listing never gave is a 400.
+that follows, or null on the last page. Cursors are opaque; one the listing
+never gave is a 400.
 
-Listings keep their order (queue order; rollouts by start time, then storage
-order) and walk it from the cursor, so a page costs the same however deep it is.
-A rollout stored during a walk with a start time before the cursor's is not
-seen by that walk.
+Each listing walks one total order with a unique key, and its cursor is a
+place in that order, not an item: tasks in queue order (the task id, whose
+queue position never changes), rollouts and trajectories by start time and
+then insertion order, transitions by their rollout's place and then their
+position in its trajectory (:meth:`SqliteStore.rollouts_page` and its kin).
+So every item is listed exactly once however many rollouts share a start time
+(all posted without one share 0.0), and an item stored during a walk is
+listed when it falls after the cursor; a rollout stored during a walk with a
+start time before the cursor's is seen by the next walk. A page costs the
+same however deep it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from agl_core.schema import Rollout, Trajectory, Transition
@@ -48,119 +52,35 @@ def _bad_cursor(after: str) -> ApiError:
                          "(pass the 'next' of the page before)", "after")
 
 
-def _rollouts_after(store: SqliteStore, after: str | None, size: int, filters: dict[str, Any]) -> list[Rollout]:
-    """Up to ``size`` rollouts matching ``filters`` that come after rollout ``after`` in listing order."""
-    if after is None:
-        return store.rollouts(limit=size, **filters)
-    anchor = store.get_rollout(after, with_spans=False)
-    if anchor is None:
-        raise _bad_cursor(after)
-    since = filters.get("since")
-    until = filters.get("until")
-    lower = anchor.start_time if since is None else max(since, anchor.start_time)
-    if until is not None and lower >= until:
-        return []
-    rest = {k: v for k, v in filters.items() if k != "since"}
-    extra = 64  # rollouts that started at the very same time as the anchor come first: skip them
-    while True:
-        batch = store.rollouts(since=lower, limit=size + extra, **rest)
-        for i, rollout in enumerate(batch):
-            if rollout.id == after:
-                return batch[i + 1:i + 1 + size]
-        if len(batch) < size + extra or batch[-1].start_time > anchor.start_time:
-            # the anchor is not in this listing (its status changed since): start past its start time
-            return [r for r in batch if r.start_time > anchor.start_time][:size]
-        extra *= 4
-
-
 def rollouts_page(store: SqliteStore, after: str | None, limit: int,
                   **filters: Any) -> tuple[list[Rollout], str | None]:
     """One page of ``store.rollouts(**filters)`` and the cursor of the next."""
-    found = _rollouts_after(store, after, limit + 1, filters)
-    if len(found) > limit:
-        return found[:limit], found[limit - 1].id
-    return found, None
-
-
-def _walk(store: SqliteStore, after: str | None, limit: int, filters: dict[str, Any]) -> Any:
-    """Batches of rollouts in listing order from ``after`` (exclusive): each a list, the last one short."""
-    while True:
-        batch = _rollouts_after(store, after, limit, filters)
-        yield batch
-        if len(batch) < limit:
-            return
-        after = batch[-1].id
-
-
-def _stored(store: SqliteStore, ids: Sequence[str]) -> dict[str, Trajectory]:
-    return {t.rollout_id: t for t in store.trajectories(rollout_ids=list(ids))} if ids else {}
+    try:
+        return store.rollouts_page(limit=limit, after=after, **filters)
+    except ValueError:
+        if after is None:
+            raise
+        raise _bad_cursor(after) from None
 
 
 def trajectories_page(store: SqliteStore, after: str | None, limit: int, *, task_id: str | None,
                       status: list[str] | None, rollout_ids: list[str] | None) -> tuple[list[Trajectory], str | None]:
-    """One page of ``store.trajectories(...)`` (cursor: the rollout id of the last one) and the next cursor."""
-    if rollout_ids:  # bounded by the request itself: page within what the store answers
-        found = store.trajectories(task_id=task_id, status=status, rollout_ids=rollout_ids)
-        start = 0
-        if after is not None:
-            start = next((i + 1 for i, t in enumerate(found) if t.rollout_id == after), -1)
-            if start < 0:
-                raise _bad_cursor(after)
-        page = found[start:start + limit]
-        return page, page[-1].rollout_id if start + limit < len(found) else None
-    out: list[Trajectory] = []
-    filters = {"task_id": task_id, "status": status}
-    for batch in _walk(store, after, limit, filters):
-        stored = _stored(store, [r.id for r in batch])
-        for i, rollout in enumerate(batch):
-            traj = stored.get(rollout.id)
-            if traj is None:
-                continue
-            out.append(traj)
-            if len(out) == limit:
-                more = i + 1 < len(batch) or len(batch) == limit
-                return out, rollout.id if more else None
-    return out, None
+    """One page of ``store.trajectories(...)`` and the cursor of the next."""
+    try:
+        return store.trajectories_page(limit=limit, after=after, task_id=task_id, status=status,
+                                       rollout_ids=rollout_ids)
+    except ValueError:
+        if after is None:
+            raise
+        raise _bad_cursor(after) from None
 
 
 def transitions_page(store: SqliteStore, after: str | None, limit: int, *, rollout_id: str | None,
                      task_id: str | None) -> tuple[list[Transition], str | None]:
-    """One page of ``store.transitions(...)`` and the next cursor (``<position>:<rollout id>``)."""
-    skip, resume = 0, None
-    if after is not None:
-        pos, sep, resume = after.partition(":")
-        if not sep or not pos.isdigit() or store.get_rollout(resume, with_spans=False) is None \
-                or (rollout_id is not None and resume != rollout_id):
-            raise _bad_cursor(after)
-        skip = int(pos)
-    out: list[Transition] = []
-
-    def take(rid: str, steps: list[Transition], start: int) -> str | None:
-        """Add steps[start:] to the page; the cursor when the page filled up."""
-        for pos in range(start, len(steps)):
-            out.append(steps[pos])
-            if len(out) == limit:
-                return f"{pos + 1}:{rid}"
-        return None
-
-    if resume is not None:  # the rest of the rollout the last page stopped in
-        traj = _stored(store, [resume]).get(resume)
-        if traj is not None and (task_id is None or traj.task_id == task_id):
-            cursor = take(resume, traj.transitions, skip)
-            if cursor is not None:
-                return out, cursor
-    if rollout_id is not None:
-        if resume is None:
-            traj = _stored(store, [rollout_id]).get(rollout_id)
-            if traj is not None and (task_id is None or traj.task_id == task_id):
-                return out, take(rollout_id, traj.transitions, 0)
-        return out, None
-    for batch in _walk(store, resume, limit, {"task_id": task_id}):
-        stored = _stored(store, [r.id for r in batch])
-        for rollout in batch:
-            traj = stored.get(rollout.id)
-            if traj is not None:
-                cursor = take(rollout.id, traj.transitions, 0)
-                if cursor is not None:
-                    return out, cursor
-    return out, None
+    """One page of ``store.transitions(...)`` and the cursor of the next."""
+    try:
+        return store.transitions_page(limit=limit, after=after, rollout_id=rollout_id, task_id=task_id)
+    except ValueError:
+        if after is None:
+            raise
+        raise _bad_cursor(after) from None

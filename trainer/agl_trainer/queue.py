@@ -4,9 +4,19 @@ A task moves ``queued -> leased -> done``. A lease has a deadline that the
 worker's heartbeats push back; a lease whose deadline passes (the worker died,
 or hangs) puts the task back in the queue, and the next lease is the next
 attempt. A task is tried at most ``max_attempts`` times, then marked ``failed``
-with the reason; a lease that the worker gives back on a graceful shutdown
-(``release``) is not counted as a try. Attempt numbers only go up, so the
+with the reason. A lease that the worker gives back on a graceful shutdown
+(``release``) is not counted as a try; one given back because the attempt
+failed without a result (``release(..., failed=True)``: the agent raised before
+its rollout existed, the server refused the rollout, the infrastructure failed)
+is counted, and the task waits ``backoff_s * 2**(tries - 1)`` seconds (at most
+``max_backoff_s``) before it can be leased again. So a task that can never be
+stored ends ``failed`` with its last reason after ``max_attempts`` tries,
+instead of being leased over and over. Attempt numbers only go up, so the
 result of an old attempt can never be taken for that of a newer one.
+
+A payload is checked when it is enqueued by the rules of the rollout that will
+carry it (:func:`agl_core.schema.check_json`: nesting, finite numbers, unicode)
+and, with ``max_task_bytes``, its size: what the queue takes, a rollout can carry.
 
 The queue lives in the server's SQLite file, beside the store's tables (under
 ``trainer_*`` names), so a restarted server finds its queue, its leases and
@@ -29,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agl_core.errors import SchemaError, StoreError
+from agl_core.schema import check_json
 
 __all__ = ["MAX_TASKS_PER_CALL", "Lease", "LeaseLost", "TaskInfo", "TaskQueue", "TaskSpec"]
 
@@ -54,7 +65,8 @@ _SCHEMA = (
         rollout_id TEXT,
         error TEXT,
         created REAL NOT NULL,
-        updated REAL NOT NULL
+        updated REAL NOT NULL,
+        not_before REAL
     )""",
     "CREATE INDEX IF NOT EXISTS trainer_tasks_state ON trainer_tasks (state, seq)",
     "CREATE INDEX IF NOT EXISTS trainer_tasks_lease ON trainer_tasks (lease_id)",
@@ -116,6 +128,8 @@ class TaskInfo:
     lease_id: str | None
     worker_id: str | None
     deadline: float | None
+    not_before: float | None = None
+    """A queued task that failed an attempt waits until then (epoch seconds) for its next lease."""
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,13 +152,24 @@ class TaskQueue:
         *,
         default_max_attempts: int = 3,
         default_lease_timeout: float = 600.0,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 60.0,
+        max_task_bytes: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         _check_positive_int(default_max_attempts, "default_max_attempts")
         _check_positive(default_lease_timeout, "default_lease_timeout")
+        for name, value in (("backoff_s", backoff_s), ("max_backoff_s", max_backoff_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise SchemaError(name, f"must be a non-negative number of seconds, got {value!r}")
+        if max_task_bytes is not None:
+            _check_positive_int(max_task_bytes, "max_task_bytes")
         self.path = path
         self.default_max_attempts = default_max_attempts
         self.default_lease_timeout = float(default_lease_timeout)
+        self.backoff_s = float(backoff_s)
+        self.max_backoff_s = float(max_backoff_s)
+        self.max_task_bytes = max_task_bytes
         self.clock = clock
         self._lock = threading.RLock()
         try:
@@ -153,6 +178,9 @@ class TaskQueue:
             with self._transaction() as conn:
                 for statement in _SCHEMA:
                     conn.execute(statement)
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(trainer_tasks)")}
+                if "not_before" not in columns:  # a queue written before back-off existed
+                    conn.execute("ALTER TABLE trainer_tasks ADD COLUMN not_before REAL")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the task queue in {path}: {exc}") from exc
         self.on_change: Callable[[], None] | None = None
@@ -208,7 +236,7 @@ class TaskQueue:
                 raise SchemaError(f"tasks[{i}].task_id", f"must be a non-empty string, got {base!r}")
             base = base or uuid.uuid4().hex
             group = spec.group_id or group_id or base
-            payload = _dumps(spec.task, f"tasks[{i}].task")
+            payload = self._payload(spec.task, f"tasks[{i}].task")
             for k in range(repeat):
                 task_id = base if repeat == 1 else f"{base}#{k}"
                 rows.append((task_id, group, payload, "queued", attempts, now, now))
@@ -237,7 +265,7 @@ class TaskQueue:
         with self._transaction() as conn:
             row = conn.execute(
                 "SELECT task_id, group_id, task, attempt FROM trainer_tasks WHERE state = 'queued'"
-                " ORDER BY seq LIMIT 1").fetchone()
+                " AND (not_before IS NULL OR not_before <= ?) ORDER BY seq LIMIT 1", (now,)).fetchone()
             if row is None:
                 return None
             task_id, group, payload, attempt = row
@@ -246,7 +274,7 @@ class TaskQueue:
                           lease_timeout=float(timeout))
             conn.execute(
                 "UPDATE trainer_tasks SET state = 'leased', attempt = ?, lease_id = ?, worker_id = ?,"
-                " lease_timeout = ?, deadline = ?, updated = ? WHERE task_id = ?",
+                " lease_timeout = ?, deadline = ?, updated = ?, not_before = NULL WHERE task_id = ?",
                 (lease.attempt, lease.lease_id, worker_id, timeout, lease.deadline, now, task_id))
             conn.execute(
                 "INSERT INTO trainer_attempts (task_id, attempt, lease_id, worker_id, started) VALUES (?, ?, ?, ?, ?)",
@@ -266,16 +294,39 @@ class TaskQueue:
                 (alive if updated else lost).append(lease_id)
         return alive, lost
 
-    def release(self, lease_id: str, reason: str = "released by the worker") -> None:
-        """Give a lease back: the task is queued again at once, and this attempt is not counted as a try."""
+    def release(self, lease_id: str, reason: str = "released by the worker", *, failed: bool = False) -> None:
+        """Give a lease back, and the task is queued again.
+
+        Without ``failed`` (a worker shutting down) the attempt is not counted as a try and the task
+        can be leased at once. With ``failed`` (the attempt ended without a result) it is counted: the
+        task is ``failed`` with ``reason`` once it has had ``max_attempts`` tries, and otherwise waits
+        out its back-off before the next lease.
+        """
         now = self.clock()
         with self._transaction() as conn:
-            row = self._current(conn, lease_id)
-            conn.execute(
-                "UPDATE trainer_tasks SET state = 'queued', released = released + 1, lease_id = NULL,"
-                " worker_id = NULL, deadline = NULL, updated = ? WHERE task_id = ?", (now, row[0]))
+            task_id, attempt = self._current(conn, lease_id)
+            if not failed:
+                conn.execute(
+                    "UPDATE trainer_tasks SET state = 'queued', released = released + 1, lease_id = NULL,"
+                    " worker_id = NULL, deadline = NULL, updated = ? WHERE task_id = ?", (now, task_id))
+                outcome = f"released: {reason}"
+            else:
+                released, max_attempts = conn.execute("SELECT released, max_attempts FROM trainer_tasks"
+                                                      " WHERE task_id = ?", (task_id,)).fetchone()
+                tries = attempt - released
+                if tries >= max_attempts:
+                    conn.execute(
+                        "UPDATE trainer_tasks SET state = 'failed', lease_id = NULL, deadline = NULL, error = ?,"
+                        " updated = ? WHERE task_id = ?", (f"gave up after {tries} attempts; last: {reason}"[:2000],
+                                                           now, task_id))
+                else:
+                    wait = min(self.max_backoff_s, self.backoff_s * 2 ** (tries - 1))
+                    conn.execute(
+                        "UPDATE trainer_tasks SET state = 'queued', lease_id = NULL, worker_id = NULL,"
+                        " deadline = NULL, not_before = ?, updated = ? WHERE task_id = ?", (now + wait, now, task_id))
+                outcome = f"failed: {reason}"
             conn.execute("UPDATE trainer_attempts SET ended = ?, outcome = ? WHERE lease_id = ?",
-                         (now, f"released: {reason}"[:500], lease_id))
+                         (now, outcome[:2000], lease_id))
         self._notify()
 
     def attempt_of(self, lease_id: str) -> dict[str, Any] | None:
@@ -407,6 +458,15 @@ class TaskQueue:
 
     # ------------------------------------------------------------------ pieces
 
+    def _payload(self, task: Any, name: str) -> str:
+        """A task's payload as stored, refused (naming the field) when no rollout could carry it."""
+        text = _dumps(check_json(task, name), name)
+        size = len(text.encode("utf-8"))
+        if self.max_task_bytes is not None and size > self.max_task_bytes:
+            raise SchemaError(name, f"is {size} bytes of JSON; a task may be at most {self.max_task_bytes} bytes, "
+                                    "so that the rollout carrying it fits the server's body limit")
+        return text
+
     def _current(self, conn: sqlite3.Connection, lease_id: str) -> tuple[Any, ...]:
         row = conn.execute("SELECT task_id, attempt FROM trainer_tasks WHERE lease_id = ? AND state = 'leased'",
                            (lease_id,)).fetchone()
@@ -433,14 +493,14 @@ class TaskQueue:
 
 
 _INFO_COLUMNS = ("task_id, group_id, task, state, attempt, max_attempts, released, rollout_id, error, lease_id,"
-                 " worker_id, deadline")
+                 " worker_id, deadline, not_before")
 
 
 def _info(row: Sequence[Any]) -> TaskInfo:
-    task_id, group, payload, state, attempt, max_attempts, released, rollout_id, error, lease_id, worker, dl = row
+    task_id, group, payload, state, attempt, max_attempts, released, rollout_id, error, lease_id, worker, dl, nb = row
     return TaskInfo(task_id=task_id, group_id=group, task=json.loads(payload), state=state, attempt=attempt,
                     max_attempts=max_attempts, released=released, rollout_id=rollout_id, error=error,
-                    lease_id=lease_id, worker_id=worker, deadline=dl)
+                    lease_id=lease_id, worker_id=worker, deadline=dl, not_before=nb if state == "queued" else None)
 
 
 def _id_in(task: Any) -> str | None:

@@ -9,19 +9,25 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
 - ``POST /v1/tasks``: enqueue ``{"tasks": [{"task": ..., "task_id"?, "group_id"?}], "repeat"?,
   "group_id"?, "max_attempts"?}``; ``GET /v1/tasks``, ``GET /v1/tasks/{id}``, ``GET /v1/queue``.
 - ``POST /v1/tasks/lease`` ``{"worker_id", "wait_s"?, "lease_timeout"?}``: 200 with a lease, or 204.
-- ``POST /v1/leases/heartbeat`` ``{"lease_ids": [...]}``; ``POST /v1/leases/{id}/release``.
+- ``POST /v1/leases/heartbeat`` ``{"lease_ids": [...]}``; ``POST /v1/leases/{id}/release``
+  ``{"reason"?, "failed"?}``: a shutdown's release is free, a failed attempt's counts as a try and
+  backs off (:mod:`agl_trainer.queue`).
 - ``POST /v1/rollouts[?lease_id=...]``: a finished ``Rollout`` with its spans. The gateway's
   token records join its LLM spans, core's ``TransitionBuilder`` builds the transitions, and
   rollout and transitions are stored; with a lease, the task is done in the same step (the
   rollout's ``metadata["agl.group_id"]`` says its GRPO group), and a lease that has already
-  expired and moved on gets 409, so an attempt's result is never stored twice.
+  expired and moved on gets 409, so an attempt's result is never stored twice. A rollout id
+  belongs to one task and attempt and a finished rollout is final: another task's, attempt's or
+  outcome's rollout under a stored id is a 409 naming the field (core's ``put_rollout``).
 - ``GET /v1/rollouts``, ``GET /v1/rollouts/{id}``, ``GET|POST /v1/rollouts/{id}/spans``,
-  ``GET /v1/transitions``, ``GET /v1/trajectories``: the read side of core's ``Store``.
+  ``GET /v1/transitions``, ``GET /v1/trajectories``: the read side of core's ``Store``; spans
+  posted to a stored rollout are joined with the gateway's records and rebuild its transitions.
 - The listings (``GET /v1/tasks``, ``/v1/rollouts``, ``/v1/transitions``, ``/v1/trajectories``) are
   paged: ``limit`` (default 1000, at most 10000) and ``after=<the previous page's next>``; each
-  answer has ``next``, null on the last page (:mod:`agl_trainer.paging`).
+  answer has ``next``, null on the last page; every row comes once, ties included (:mod:`agl_trainer.paging`).
 - ``GET /v1/model`` (with ``sampling``: the gateway's sampling overrides, which a trainer checks against its
-  own); ``POST /v1/model`` ``{"version", "weights"?}``: the trainer announces weights.
+  own); ``POST /v1/model`` ``{"version"?, "weights"?}``: the trainer announces weights
+  (versions go up by at most :data:`MAX_VERSION_STEP`; none given: the next).
 - ``POST /v1/metrics`` ``{"step", "values": {name: number}}``; ``GET /v1/metrics``: training curves by step.
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
@@ -30,7 +36,9 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
 Security: it listens on 127.0.0.1 unless told otherwise and then refuses to
 start without a bearer token; with a token every route but ``/healthz`` and the
 dashboard's static files needs it (the agent's ``OPENAI_API_KEY`` carries it to the gateway). Bodies over
-``max_body_bytes`` get 413.
+``max_body_bytes`` get 413; bodies are read by :func:`agl_trainer.api.parse_json` (no ``NaN``, lone
+surrogate or nesting past 256 levels: a 400 naming the field); a client slower than
+``header_timeout_s`` / ``body_timeout_s`` is cut off (:mod:`agl_trainer.read_timeouts`).
 """
 
 from __future__ import annotations
@@ -58,8 +66,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from agl_core.errors import SchemaError, StoreError
-from agl_core.schema import Rollout, Span
+from agl_core.errors import RolloutConflict, SchemaError, StoreError
+from agl_core.schema import Rollout, Span, Trajectory
 from agl_core.store.sqlite import SqliteStore
 from agl_core.transitions import TransitionBuilder
 from agl_trainer.api import DEFAULT_MAX_BODY_BYTES, ApiError, BearerAuth, error_response, read_json, read_object
@@ -69,9 +77,10 @@ from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
-from agl_trainer.token_records import TokenRecords, keep_joined
+from agl_trainer.token_records import MAX_MODEL_VERSION, MAX_VERSION_STEP, TokenRecords, keep_joined
 
-__all__ = ["ServerConfig", "ServerThread", "TrainerServer", "check_bind", "serve"]
+__all__ = ["MAX_MODEL_VERSION", "MAX_VERSION_STEP", "ServerConfig", "ServerThread", "TrainerServer", "check_bind",
+           "serve"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -92,6 +101,17 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     lease_timeout_s: float = 600.0
     max_attempts: int = 3
+    retry_backoff_s: float = 1.0
+    """A task whose attempt failed waits this long before its next lease, doubling each try."""
+    max_backoff_s: float = 60.0
+    max_task_bytes: int | None = None
+    """Largest task payload (JSON bytes) enqueued; None: half of ``max_body_bytes``, so its rollout fits."""
+    header_timeout_s: float = 10.0
+    """A client gets this long to send a request's head (line and headers) before its connection is closed."""
+    body_timeout_s: float = 120.0
+    """... and this long to send the body after the head."""
+    token_records_max_bytes: int = 256 * 1024 * 1024
+    """Memory for the gateway's token records not yet joined to a rollout; the oldest go past it."""
     sweep_interval_s: float = 1.0
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     builder: TransitionBuilder | None = None
@@ -213,10 +233,12 @@ class TrainerServer:
     def __init__(self, config: ServerConfig, backend: Backend) -> None:
         self.config = config
         self.store = SqliteStore(config.db_path)
+        task_bytes = config.max_task_bytes if config.max_task_bytes is not None else config.max_body_bytes // 2
         self.queue = TaskQueue(config.db_path, default_max_attempts=config.max_attempts,
-                               default_lease_timeout=config.lease_timeout_s)
+                               default_lease_timeout=config.lease_timeout_s, backoff_s=config.retry_backoff_s,
+                               max_backoff_s=config.max_backoff_s, max_task_bytes=task_bytes)
         memory = config.db_path == ":memory:"
-        self.records = TokenRecords(None if memory else config.db_path)
+        self.records = TokenRecords(None if memory else config.db_path, max_bytes=config.token_records_max_bytes)
         self.model = _ModelState(config.db_path)
         self._metrics = _Metrics(config.db_path)
         self.builder = config.builder or TransitionBuilder()
@@ -226,6 +248,9 @@ class TrainerServer:
                                max_body_bytes=config.max_body_bytes)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue_event: asyncio.Event | None = None
+        # one rollout at a time per stripe: a post and an added span read, merge and write it whole
+        self._rollout_locks = [threading.Lock() for _ in range(64)]
+        self._publishing = asyncio.Lock()
         self.app: ASGIApp = self._build_app()
 
     # ------------------------------------------------------------------ app
@@ -259,6 +284,7 @@ class TrainerServer:
             ApiError: _on_api_error,
             SchemaError: _on_schema_error,
             LeaseLost: _on_lease_lost,
+            RolloutConflict: _on_rollout_conflict,
             StoreError: _on_store_error,
             HTTPException: _on_http_exception,
         }
@@ -322,15 +348,32 @@ class TrainerServer:
 
     # ------------------------------------------------------------------ model
 
-    async def publish(self, version: int, weights: str | None = None) -> None:
-        """New weights: the backend swaps them in, then calls are recorded under ``version``."""
-        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= _MAX_INT:
-            raise SchemaError("version", f"must be an integer from 0 to 2**63 - 1, got {version!r}")
-        if version <= self.model.version:
-            raise ApiError(409, f"version {version} is not newer than the current version {self.model.version}",
-                           "version")
-        await self.backend.update_weights(weights, version)
-        await run_in_threadpool(self.model.set, version, weights)
+    async def publish(self, version: int | None = None, weights: str | None = None) -> int:
+        """New weights: the backend swaps them in, then calls are recorded under ``version``; returns it.
+
+        The rule for versions: an integer newer than the current one by at most
+        :data:`MAX_VERSION_STEP` (and at most :data:`MAX_MODEL_VERSION`); None means the next one.
+        So a version can never be pushed where no later publish fits: a trainer that lost count
+        publishes without one, or anything the 409 names.
+        """
+        async with self._publishing:
+            current = self.model.version
+            if version is None:
+                version = current + 1
+            if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_MODEL_VERSION:
+                raise SchemaError("version", f"must be an integer from 0 to {MAX_MODEL_VERSION} (2**53 - 1), "
+                                             f"got {version!r}")
+            if version <= current:
+                raise ApiError(409, f"version {version} is not newer than the current version {current}: publish "
+                                    f"{current + 1} to {current + MAX_VERSION_STEP}, or leave 'version' out for "
+                                    f"{current + 1}", "version")
+            if version > current + MAX_VERSION_STEP:
+                raise ApiError(400, f"'version' {version} jumps more than {MAX_VERSION_STEP} past the current "
+                                    f"version {current}: publish {current + 1} to {current + MAX_VERSION_STEP}, or "
+                                    f"leave 'version' out for {current + 1}", "version")
+            await self.backend.update_weights(weights, version)
+            await run_in_threadpool(self.model.set, version, weights)
+            return version
 
     async def get_model(self, request: Request) -> Response:
         try:
@@ -343,8 +386,8 @@ class TrainerServer:
     async def post_model(self, request: Request) -> Response:
         body = read_object(await read_json(request, self.config.max_body_bytes))
         version = body.get("version")
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise ApiError(400, "'version' must be an integer", "version")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise ApiError(400, "'version' must be an integer (or left out for the next one)", "version")
         weights = body.get("weights")
         if weights is not None and not isinstance(weights, str):
             raise ApiError(400, "'weights' must be a string (a path the backend can read) or null", "weights")
@@ -467,13 +510,18 @@ class TrainerServer:
     async def release(self, request: Request) -> Response:
         lease_id = request.path_params["lease_id"]
         reason = "released by the worker"
+        failed = False
         if request.headers.get("content-length") not in (None, "0"):
             body = read_object(await read_json(request, self.config.max_body_bytes))
             if body.get("reason") is not None:
                 if not isinstance(body["reason"], str):
                     raise ApiError(400, "'reason' must be a string", "reason")
                 reason = body["reason"]
-        await run_in_threadpool(self.queue.release, lease_id, reason)
+            failed = body.get("failed", False)
+            if not isinstance(failed, bool):
+                raise ApiError(400, "'failed' must be true (the attempt failed: it counts as a try) or false",
+                               "failed")
+        await run_in_threadpool(lambda: self.queue.release(lease_id, reason, failed=failed))
         return _json({"released": lease_id})
 
     # ------------------------------------------------------------------ rollouts
@@ -493,7 +541,11 @@ class TrainerServer:
         """Join the gateway's token records into ``rollout``, build its transitions and store both.
 
         With ``lease_id`` the lease must still be current (:class:`LeaseLost` otherwise) and its task
-        is done once the rollout is stored; a cancelled rollout is stored and its task queued again.
+        is done once the rollout is stored; a cancelled rollout is stored and its task queued again (a
+        counted try).
+        A rollout stored before is merged with what is stored (spans are never dropped, a finished
+        rollout's are kept as they were), and its transitions are built from the whole; the store
+        refuses (:class:`RolloutConflict`) another task's, attempt's or outcome's rollout under its id.
         """
         if lease_id is not None:
             done = self.queue.attempt_of(lease_id)
@@ -502,32 +554,55 @@ class TrainerServer:
                 return {"rollout_id": rollout.id, "task_id": rollout.task_id, "attempt": rollout.attempt,
                         "status": rollout.status, "already_stored": True,
                         "transitions": len(self.store.transitions(rollout_id=rollout.id))}
-        rollout.spans, keys = self.records.join(rollout.spans)
-        if len(keys) < len(rollout.spans) and self.store.get_rollout(rollout.id, with_spans=False) is not None:
-            rollout.spans = keep_joined(rollout.spans, self.store.spans(rollout.id))  # posted again
-        if lease_id is None:
-            trajectory = self.builder.build(rollout)
-            self.store.put_rollout(rollout, trajectory)
-        elif rollout.status == "cancelled":
-            lease = self.queue.lease_of(lease_id)
-            _check_matches(rollout, lease.task_id, lease.attempt)
-            rollout.metadata.setdefault("agl.group_id", lease.group_id)
-            trajectory = self.builder.build(rollout)
-            self.store.put_rollout(rollout, trajectory)
-            self.queue.release(lease_id, f"the rollout was cancelled: {rollout.error or 'no reason given'}")
-        else:
-            with self.queue.finishing(lease_id, rollout.id) as lease:
+        with self._rollout_lock(rollout.id):
+            rollout.spans, keys = self.records.join(rollout.spans)
+            stored = self.store.get_rollout(rollout.id)
+            if stored is not None:
+                rollout.spans = _merged(rollout.spans, stored, keep_stored=stored.status in _FINISHED)
+            if lease_id is None:
+                trajectory = self.builder.build(rollout)
+                self.store.put_rollout(rollout, trajectory)
+            elif rollout.status == "cancelled":
+                lease = self.queue.lease_of(lease_id)
                 _check_matches(rollout, lease.task_id, lease.attempt)
                 rollout.metadata.setdefault("agl.group_id", lease.group_id)
                 trajectory = self.builder.build(rollout)
                 self.store.put_rollout(rollout, trajectory)
+                # not a shutdown's release (those come by the release route): a try, or a task whose agent
+                # cancels itself every time would be leased for ever
+                self.queue.release(lease_id, f"the rollout was cancelled: {rollout.error or 'no reason given'}",
+                                   failed=True)
+            else:
+                with self.queue.finishing(lease_id, rollout.id) as lease:
+                    _check_matches(rollout, lease.task_id, lease.attempt)
+                    rollout.metadata.setdefault("agl.group_id", lease.group_id)
+                    trajectory = self.builder.build(rollout)
+                    self.store.put_rollout(rollout, trajectory)
         self.records.forget(keys)
-        sources: dict[str, int] = {}
-        for t in trajectory.transitions:
-            sources[str(t.token_source)] = sources.get(str(t.token_source), 0) + 1
-        return {"rollout_id": rollout.id, "task_id": rollout.task_id, "attempt": rollout.attempt,
-                "status": rollout.status, "transitions": len(trajectory.transitions), "token_sources": sources,
-                "joined": len(keys), "skipped": [s.to_dict() for s in trajectory.skipped]}
+        return _summary(rollout, trajectory, len(keys))
+
+    def add_rollout_spans(self, rollout_id: str, spans: list[Span]) -> dict[str, Any]:
+        """Add ``spans`` (joined with the gateway's records) to a stored rollout and rebuild its transitions.
+
+        The stored spans are kept as they were; the transitions are built anew from all of them, so
+        they never go stale. Raises ``LookupError`` when no rollout has this id.
+        """
+        with self._rollout_lock(rollout_id):
+            stored = self.store.get_rollout(rollout_id)
+            if stored is None:
+                raise LookupError(rollout_id)
+            joined, keys = self.records.join(spans)
+            known = {s.span_id for s in stored.spans}
+            stored.spans = _merged(joined, stored, keep_stored=True)
+            trajectory = self.builder.build(stored)
+            self.store.put_rollout(stored, trajectory)
+        self.records.forget(keys)
+        summary = _summary(stored, trajectory, len(keys))
+        summary["added"] = len({s.span_id for s in spans} - known)
+        return summary
+
+    def _rollout_lock(self, rollout_id: str) -> threading.Lock:
+        return self._rollout_locks[hash(rollout_id) % len(self._rollout_locks)]
 
     async def list_rollouts(self, request: Request) -> Response:
         q = request.query_params
@@ -564,10 +639,12 @@ class TrainerServer:
                 raise SchemaError(f"spans[{i}]{exc.field[len('Span'):]}", exc.problem) from None
         _check_stored_ints(spans, "spans")
         rollout_id = request.path_params["rollout_id"]
-        if await run_in_threadpool(lambda: self.store.get_rollout(rollout_id, with_spans=False)) is None:
-            raise ApiError(404, f"no rollout {rollout_id!r} to add spans to; post the rollout first", "rollout_id")
-        await run_in_threadpool(self.store.add_spans, rollout_id, spans)
-        return _json({"added": len(spans)})
+        try:
+            summary = await run_in_threadpool(self.add_rollout_spans, rollout_id, spans)
+        except LookupError:
+            raise ApiError(404, f"no rollout {rollout_id!r} to add spans to; post the rollout first",
+                           "rollout_id") from None
+        return _json(summary)
 
     async def list_transitions(self, request: Request) -> Response:
         q = request.query_params
@@ -592,6 +669,26 @@ def _check_stored_ints(spans: list[Span], where: str, attempt: int | None = None
     for i, span in enumerate(spans):
         if not -_MAX_INT <= span.start_ns <= _MAX_INT:
             raise SchemaError(f"{where}[{i}].start_ns", f"must fit in 64 bits, got {span.start_ns}")
+
+
+def _merged(spans: list[Span], stored: Rollout, *, keep_stored: bool) -> list[Span]:
+    """``spans`` with the stored rollout's: none is dropped; for a span in both, the stored copy when
+    ``keep_stored`` (a finished rollout's spans are final), else the new one with the gateway's ids kept."""
+    mine = spans if keep_stored else keep_joined(spans, stored.spans)
+    new = {s.span_id: s for s in mine}
+    out = [s if keep_stored or s.span_id not in new else new.pop(s.span_id) for s in stored.spans]
+    seen = {s.span_id for s in out}
+    out += [s for s in mine if s.span_id not in seen]
+    return sorted(out, key=lambda s: (s.start_ns, s.end_ns))
+
+
+def _summary(rollout: Rollout, trajectory: Trajectory, joined: int) -> dict[str, Any]:
+    sources: dict[str, int] = {}
+    for t in trajectory.transitions:
+        sources[str(t.token_source)] = sources.get(str(t.token_source), 0) + 1
+    return {"rollout_id": rollout.id, "task_id": rollout.task_id, "attempt": rollout.attempt,
+            "status": rollout.status, "transitions": len(trajectory.transitions), "token_sources": sources,
+            "joined": joined, "skipped": [s.to_dict() for s in trajectory.skipped]}
 
 
 def _check_matches(rollout: Rollout, task_id: str, attempt: int) -> None:
@@ -673,6 +770,11 @@ async def _on_lease_lost(request: Request, exc: Exception) -> Response:
     return error_response(409, str(exc), "lease_id")
 
 
+async def _on_rollout_conflict(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RolloutConflict)
+    return error_response(409, str(exc), f"Rollout.{exc.field}")
+
+
 async def _on_store_error(request: Request, exc: Exception) -> Response:
     return error_response(503, f"the store could not do it: {exc}")
 
@@ -702,11 +804,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(app: ASGIApp, host: str, port: int, log_level: str) -> Any:
+def _uvicorn_config(server: TrainerServer, host: str, port: int, log_level: str) -> Any:
     import uvicorn
 
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
-                          timeout_graceful_shutdown=5)
+    from agl_trainer.read_timeouts import protocol
+
+    config = server.config
+    return uvicorn.Config(server.app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=5, http=protocol(config.header_timeout_s, config.body_timeout_s))
 
 
 def _run_async(main: Any, uvicorn_config: Any) -> None:
@@ -726,7 +831,7 @@ def serve(server: TrainerServer, *, on_ready: Callable[[str], None] | None = Non
     sock = bind_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    userver = uvicorn.Server(_uvicorn_config(server.app, config.host, port, log_level))
+    userver = uvicorn.Server(_uvicorn_config(server, config.host, port, log_level))
 
     async def main() -> None:
         task = asyncio.create_task(userver.serve(sockets=[sock]))
@@ -754,7 +859,7 @@ class ServerThread:
         self._sock = bind_socket(server.config.host, server.config.port)
         host, port = self._sock.getsockname()[:2]
         self.url = f"http://{host}:{port}"
-        self._uvicorn = uvicorn.Server(_uvicorn_config(server.app, host, port, log_level))
+        self._uvicorn = uvicorn.Server(_uvicorn_config(server, host, port, log_level))
         self._thread = threading.Thread(target=self._run, name="agl-serve", daemon=True)
 
     def _run(self) -> None:

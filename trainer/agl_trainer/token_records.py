@@ -14,6 +14,11 @@ every ``flush_interval_s``, so a call answered before a restart (all but the
 last fraction of a second) still joins its rollout afterwards. Records are
 dropped once joined, and after ``ttl_s`` when no rollout ever claims them (an
 agent that runs outside any rollout).
+
+Memory is bounded by count (``max_records``) and by bytes (``max_bytes``, an
+estimate of what the records' lists hold in this process): past either, the
+oldest records leave memory, with one warning. With a file they stay in it
+until their ``ttl_s``, and a join still finds them there.
 """
 
 from __future__ import annotations
@@ -32,12 +37,18 @@ from typing import Any
 from agl_core import semconv
 from agl_core.schema import Span
 
-__all__ = ["MODEL_VERSION_ATTRIBUTE", "TokenRecord", "TokenRecords", "keep_joined", "parse_traceparent"]
+__all__ = ["MAX_MODEL_VERSION", "MAX_VERSION_STEP", "MODEL_VERSION_ATTRIBUTE", "TokenRecord", "TokenRecords",
+           "keep_joined", "parse_traceparent"]
 
 logger = logging.getLogger("agl.trainer")
 
 MODEL_VERSION_ATTRIBUTE = "agl.llm.model_version"
 """Span attribute: the version of the weights that answered the call (set by the gateway's join)."""
+MAX_MODEL_VERSION = 2**53 - 1
+"""The highest model version ``agl serve`` takes: exact in every JSON reader (a JavaScript number, the dashboard's)."""
+MAX_VERSION_STEP = 1_000_000
+"""How far past the current version one publish may go: more than any trainer's steps, and a slip of the
+keyboard (``2**63 - 1``) is refused instead of leaving no version for any later publish."""
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _ZERO_TRACE = "0" * 32
@@ -93,11 +104,14 @@ class TokenRecords:
     """Token records by ``(trace_id, span_id)``, in memory and, with ``path``, in that SQLite file."""
 
     def __init__(self, path: str | None = None, *, ttl_s: float = 3600.0, max_records: int = 200_000,
-                 flush_interval_s: float = 0.25) -> None:
+                 max_bytes: int = 256 * 1024 * 1024, flush_interval_s: float = 0.25) -> None:
         self.ttl_s = ttl_s
         self.max_records = max_records
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._memory: OrderedDict[Key, TokenRecord] = OrderedDict()
+        self._bytes = 0
+        self.evicted = 0  # records pushed out of memory by the bounds before any rollout joined them
         self._pending: list[tuple[Key, TokenRecord]] = []
         self._stop = threading.Event()
         self._conn: sqlite3.Connection | None = None
@@ -117,16 +131,38 @@ class TokenRecords:
     def __len__(self) -> int:
         return len(self._memory)
 
+    @property
+    def nbytes(self) -> int:
+        """About how many bytes the records in memory hold (their id and logprob lists, mostly)."""
+        return self._bytes
+
     def put(self, key: Key, record: TokenRecord) -> None:
         """Keep ``record`` for the call whose traceparent gave ``key``; a later call with that key replaces it."""
+        size = _size(record)
+        evicted = 0
         with self._lock:
             memory = self._memory
+            old = memory.get(key)
+            if old is not None:
+                self._bytes -= _size(old)
             memory[key] = record
             memory.move_to_end(key)
-            if len(memory) > self.max_records:
-                memory.popitem(last=False)
+            self._bytes += size
+            while len(memory) > 1 and (len(memory) > self.max_records or self._bytes > self.max_bytes):
+                _, gone = memory.popitem(last=False)
+                self._bytes -= _size(gone)
+                evicted += 1
             if self._conn is not None:
                 self._pending.append((key, record))  # encoded by the flusher, off the gateway's path
+            if evicted:
+                first = self.evicted == 0
+                self.evicted += evicted
+        if evicted and first:
+            where = "they stay in the server's file until their TTL" if self._conn is not None else \
+                "without a file they are lost"
+            logger.warning("agl trainer: the gateway holds more token records than its bounds (%d records, %d MiB) "
+                           "that no rollout has joined (calls from outside any rollout?); the oldest leave memory "
+                           "(%s)", self.max_records, self.max_bytes // (1024 * 1024), where)
 
     def get(self, key: Key) -> TokenRecord | None:
         with self._lock:
@@ -159,7 +195,9 @@ class TokenRecords:
             return
         with self._lock:
             for key in keys:
-                self._memory.pop(key, None)
+                gone = self._memory.pop(key, None)
+                if gone is not None:
+                    self._bytes -= _size(gone)
         if self._conn is not None:
             self.flush()
             with self._db_lock:
@@ -232,9 +270,16 @@ class TokenRecords:
                 if record.created >= cutoff:
                     break
                 self._memory.popitem(last=False)
+                self._bytes -= _size(record)
         if self._conn is not None:
             with self._db_lock:
                 self._conn.execute("DELETE FROM trainer_token_records WHERE created < ?", (cutoff,))
+
+
+def _size(record: TokenRecord) -> int:
+    """What a record holds in memory: a list slot and an int object per id, a float per logprob, and overhead."""
+    logprobs = record.response_logprobs
+    return 400 + 36 * (len(record.prompt_token_ids) + len(record.response_token_ids)) + 32 * len(logprobs or ())
 
 
 def _patched(span: Span, record: TokenRecord) -> Span:

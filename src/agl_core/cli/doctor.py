@@ -4,8 +4,15 @@ It answers the questions asked when spans or token ids are missing: which agl
 plugins are installed and whether each would activate (or why not: the same
 reasons ``agl.instrument()`` puts in ``.skipped``), which framework versions
 are installed, which OpenTelemetry provider agl's spans would go to, whether
-the gateway (``--server`` or ``OPENAI_BASE_URL``) answers, and what would be
-captured: message content (on or off) and where token ids would come from.
+``opentelemetry-instrument`` would export them (it needs ``opentelemetry-distro``
+for that), whether the gateway (``--server`` or ``OPENAI_BASE_URL``) answers, and
+what would be captured: message content (on or off) and where token ids would
+come from.
+
+The gateway is checked on the path the agent's OpenAI client will use: the base
+URL is ``OPENAI_BASE_URL`` exactly as set, or ``--server``'s root with ``/v1``
+(what ``agl worker`` gives its agent), so a base URL without ``/v1`` shows as the
+404 the agent would get, not as a server that answers.
 
 Nothing here patches a framework: a plugin is loaded and asked
 ``unavailable_reason()``, which only looks for the framework; it is not
@@ -17,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from importlib import metadata
 from typing import Any
@@ -26,8 +34,8 @@ import click
 __all__ = ["diagnose", "doctor"]
 
 # Installed beside agl and worth a line when present: training backends and serving engines.
-_OTHER_PACKAGES = ("opentelemetry-api", "opentelemetry-sdk", "torch", "transformers", "vllm", "verl", "ray",
-                   "datasets", "pyarrow")
+_OTHER_PACKAGES = ("opentelemetry-api", "opentelemetry-sdk", "opentelemetry-instrumentation", "opentelemetry-distro",
+                   "opentelemetry-exporter-otlp", "torch", "transformers", "vllm", "verl", "ray", "datasets", "pyarrow")
 
 
 @click.command("doctor", context_settings={"help_option_names": ["-h", "--help"]})
@@ -68,6 +76,7 @@ def diagnose(*, server: str | None = None, token: str | None = None, probe: bool
         "plugins": plugins,
         "packages": _packages(plugins),
         "provider": _provider(),
+        "auto_instrumentation": _auto_instrumentation(),
         "gateway": _gateway(server, token, probe, timeout),
         "capture": _capture(),
     }
@@ -153,6 +162,32 @@ def _provider() -> dict[str, Any]:
     return {"global": kind, "user_sdk": user_sdk, "processors": processors, "env": env, "summary": summary}
 
 
+def _auto_instrumentation() -> dict[str, Any]:
+    """Whether ``opentelemetry-instrument python app.py`` would export agl's spans.
+
+    The command runs every ``opentelemetry_instrumentor`` (agl's plugins among them) but sets up the
+    SDK's provider and exporters only through a configurator, which ``opentelemetry-distro`` brings.
+    """
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    command, distro = version("opentelemetry-instrumentation"), version("opentelemetry-distro")
+    if command is None:
+        summary = "opentelemetry-instrument is not installed (pip install opentelemetry-instrumentation)"
+    elif distro is None:
+        summary = ("opentelemetry-instrument python app.py runs agl's plugins but exports nothing: "
+                   "opentelemetry-distro is not installed, so no SDK provider or exporter is set up "
+                   "(pip install opentelemetry-distro opentelemetry-exporter-otlp)")
+    else:
+        summary = (f"opentelemetry-instrument python app.py sets up the SDK (opentelemetry-distro {distro}) and runs "
+                   "agl's plugins; exporters come from the OTEL_* variables")
+    return {"command": command, "distro": distro, "exports": command is not None and distro is not None,
+            "summary": summary}
+
+
 def _capture() -> dict[str, Any]:
     from agl_core import encoding
 
@@ -160,19 +195,28 @@ def _capture() -> dict[str, Any]:
     return {"content": bool(encoding.capture_content), "env": encoding.CAPTURE_CONTENT_ENV, "env_value": raw}
 
 
+def _agent_base_url(url: str, source: str | None) -> str:
+    """The base URL the agent's OpenAI client will use: OPENAI_BASE_URL as set, a bare --server root plus /v1."""
+    base = url.rstrip("/")
+    if source == "--server" and not urllib.parse.urlsplit(base).path:
+        return base + "/v1"  # what agl worker gives its agent for this server
+    return base
+
+
 def _gateway(server: str | None, token: str | None, probe: bool, timeout: float) -> dict[str, Any]:
     source = "--server" if server else ("OPENAI_BASE_URL" if os.environ.get("OPENAI_BASE_URL") else None)
     url = server or os.environ.get("OPENAI_BASE_URL")
-    result: dict[str, Any] = {"url": None, "source": source, "reachable": False, "healthz": None, "models": None,
-                              "agl_server": False, "token_ids": None, "probe": None, "error": None}
+    result: dict[str, Any] = {"url": None, "source": source, "base_url": None, "models_path": None,
+                              "reachable": False, "healthz": None, "models": None, "agl_server": False,
+                              "token_ids": None, "probe": None, "error": None}
     if not url:
         return result
-    base = url.rstrip("/")
-    base = base[: -len("/v1")] if base.endswith("/v1") else base
-    result["url"] = base
+    agent_base = _agent_base_url(url, source)
+    base = agent_base[: -len("/v1")] if agent_base.endswith("/v1") else agent_base
+    result.update(url=base, base_url=agent_base, models_path=urllib.parse.urlsplit(agent_base).path + "/models")
     key = token or os.environ.get("AGL_TOKEN") or os.environ.get("OPENAI_API_KEY")
     health_status, _ = _get(base + "/healthz", key, timeout)
-    models_status, models = _get(base + "/v1/models", key, timeout)
+    models_status, models = _get(agent_base + "/models", key, timeout)
     result["healthz"] = health_status
     if isinstance(models_status, int) and models_status == 200 and isinstance(models, dict):
         result["models"] = [str(m.get("id")) for m in models.get("data") or [] if isinstance(m, dict)]
@@ -180,7 +224,10 @@ def _gateway(server: str | None, token: str | None, probe: bool, timeout: float)
         result["models"] = models_status
     result["reachable"] = isinstance(models_status, int) and models_status == 200
     if not result["reachable"]:
-        result["error"] = f"GET {base}/v1/models: {models_status}"
+        result["error"] = f"GET {agent_base}/models: {models_status}"
+        if models_status == 404 and not agent_base.endswith("/v1"):
+            result["error"] += (" (the agent's OpenAI client would get this 404 too: is the base URL missing its "
+                                "/v1?)")
     # /v1/model (the served policy's version) is agl's own: only its server answers it
     model_status, model = _get(base + "/v1/model", key, timeout)
     result["agl_server"] = health_status == 200 and model_status == 200 and isinstance(model, dict)
@@ -189,8 +236,8 @@ def _gateway(server: str | None, token: str | None, probe: bool, timeout: float)
     elif result["reachable"]:
         result["token_ids"] = ("only if this server returns them in its responses (vLLM with return_token_ids: "
                                "response); otherwise transitions are re-tokenised (retokenized)")
-    if probe and result["reachable"]:
-        result["probe"] = _probe(base, key, timeout, result["models"])
+    if probe and isinstance(models_status, int):  # the server answered: probe the path the agent will use
+        result["probe"] = _probe(agent_base, key, timeout, result["models"])
         if result["probe"].get("token_ids"):
             result["token_ids"] = (result["token_ids"] if result["agl_server"]
                                    else "in the response: this server returned token ids (response)")
@@ -219,18 +266,21 @@ def _request(request: urllib.request.Request, key: str | None, timeout: float) -
         return status, None
 
 
-def _probe(base: str, key: str | None, timeout: float, models: Any) -> dict[str, Any]:
+def _probe(agent_base: str, key: str | None, timeout: float, models: Any) -> dict[str, Any]:
+    """One 1-token chat request to ``{agent_base}/chat/completions``, as the agent's OpenAI client sends it."""
     model = models[0] if isinstance(models, list) and models else "default"
     body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}],
             "return_token_ids": True, "logprobs": True}
-    request = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+    target = agent_base + "/chat/completions"
+    request = urllib.request.Request(target, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     status, reply = _request(request, key, timeout)
+    path = urllib.parse.urlsplit(target).path
     if status != 200 or not isinstance(reply, dict):
-        return {"status": status, "token_ids": False}
+        return {"status": status, "path": path, "token_ids": False}
     choices = reply.get("choices") or [{}]
     ids = reply.get("prompt_token_ids") is not None and choices[0].get("token_ids") is not None
-    return {"status": status, "model": model, "token_ids": ids}
+    return {"status": status, "path": path, "model": model, "token_ids": ids}
 
 
 # ---------------------------------------------------------------------- the printout
@@ -271,6 +321,9 @@ def _print(report: dict[str, Any]) -> None:
         console.print(f"  span processors: {', '.join(provider['processors'])}")
     for k, v in provider["env"].items():
         console.print(f"  {k}={escape(v)}")
+    auto = report["auto_instrumentation"]
+    style = "green" if auto["exports"] else "yellow"
+    console.print(f"[bold]opentelemetry-instrument[/] [{style}]{escape(auto['summary'])}[/]")
 
     gateway = report["gateway"]
     if gateway["url"] is None:
@@ -281,14 +334,15 @@ def _print(report: dict[str, Any]) -> None:
         console.print(f"  GET /healthz: {escape(str(gateway['healthz']))}")
         models = gateway["models"]
         shown = ", ".join(models) if isinstance(models, list) else str(models)
-        console.print(f"  GET /v1/models: {escape(shown or '(no models)')}")
+        console.print(f"  GET {escape(gateway['models_path'])}: {escape(shown or '(no models)')}")
         if gateway["reachable"]:
             console.print("  agl server: " + ("yes" if gateway["agl_server"] else "no (another OpenAI-compatible "
                                                                                  "server)"))
         if gateway["probe"] is not None:
             p = gateway["probe"]
             console.print(f"  probe: chat completion {p['status']}, token ids "
-                          + ("returned" if p["token_ids"] else "not returned"))
+                          + ("returned" if p["token_ids"] else "not returned")
+                          + f" (POST {escape(p['path'])}, the path the agent's client uses)")
         if gateway["error"]:
             console.print(f"  [red]{escape(gateway['error'])}[/]")
 

@@ -58,4 +58,7 @@ def worker(server: str, agent: str, concurrency: int, token: str | None, worker_
         raise click.UsageError(str(exc)) from None
     click.echo(f"agl worker: {running.worker_id} working for {running.url} with {concurrency} slot(s)")
     stats = running.run()
+    if running.unreachable is not None:
+        click.echo(f"agl worker: stopped: {running.unreachable}", err=True)
+        raise SystemExit(1)
     click.echo(f"agl worker: done: {stats}")

@@ -40,9 +40,13 @@ class Store(Protocol):
     """
 
     def put_rollout(self, rollout: Rollout, trajectory: Trajectory | None = None, *, validate: bool = True) -> None:
-        """Insert or replace ``rollout`` with its spans, and its transitions when ``trajectory`` is given.
+        """Store ``rollout`` with its spans, and its transitions when ``trajectory`` is given.
 
-        ``validate=False`` skips re-checking records that agl has just built and validated itself.
+        A rollout id belongs to one task and attempt, and a finished rollout is final: storing it
+        again under another task, attempt, status or rewards raises
+        :class:`~agl_core.errors.RolloutConflict`; the same result again is accepted and only adds
+        spans. A stored span is never dropped. ``validate=False`` skips re-checking records that agl
+        has just built and validated itself.
         """
         ...
 

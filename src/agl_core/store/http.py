@@ -115,8 +115,7 @@ class ServerClient:
             items = [(k, v) for k, v in query.items() if v is not None]
             if items:
                 target += "?" + urllib.parse.urlencode(items, doseq=True)
-        payload = None if body is None else json.dumps(body, ensure_ascii=False, allow_nan=False,
-                                                       separators=(",", ":")).encode()
+        payload = None if body is None else _encode(body)
         headers = {"Accept": "application/json"}
         if payload is not None:
             headers["Content-Type"] = "application/json"
@@ -162,6 +161,15 @@ class ServerClient:
             for conn in self._connections:
                 conn.close()
             self._connections.clear()
+
+
+def _encode(body: Any) -> bytes:
+    """The JSON of ``body``; text that is not unicode (a lone surrogate) goes escaped, so the server names its field."""
+    text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(body, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _error(status: int, raw: bytes) -> AglError:
@@ -308,6 +316,7 @@ class HttpStore:
         """Every item of one of the server's paged listings (at most ``limit``), following its ``next`` cursor."""
         items: list[Any] = []
         after: str | None = None
+        seen: set[str] = set()
         while limit is None or len(items) < limit:
             size = LISTING_PAGE if limit is None else min(LISTING_PAGE, limit - len(items))
             _, data = self.client.request("GET", path, query={**query, "limit": size, "after": after})
@@ -315,6 +324,10 @@ class HttpStore:
             after = data.get("next")  # absent from a server that answers everything at once
             if after is None:
                 break
+            if after in seen:  # a server that pages in circles: say so rather than read forever
+                raise StoreError(f"the agl server at {self.url} gave the cursor {after!r} of {path} twice; "
+                                 f"its listing goes in circles (after {len(items)} items)")
+            seen.add(after)
         return items
 
     def _export_lines(self, what: str) -> Iterator[str]:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 
-from agl_core.errors import SchemaError, StoreError
+from agl_core.errors import RolloutConflict, SchemaError, StoreError
 from agl_core.schema import SCHEMA_VERSION, Rollout, RolloutStatus, Skipped, Span, Trajectory, Transition
 from agl_core.store.base import EXPORT_FORMATS, EXPORT_WHATS
 
@@ -96,6 +96,7 @@ _BATCH_ROWS = 1024
 
 _T = TypeVar("_T")
 _R = TypeVar("_R", Rollout, Span, Trajectory)
+_P = TypeVar("_P", Rollout, Trajectory, Transition)
 
 
 class SqliteStore:
@@ -359,11 +360,16 @@ class SqliteStore:
     # ------------------------------------------------------------------ writes
 
     def put_rollout(self, rollout: Rollout, trajectory: Trajectory | None = None, *, validate: bool = True) -> None:
-        """Insert or replace ``rollout`` and its spans, and its transitions when ``trajectory`` is given.
+        """Insert ``rollout`` and its spans, or update the stored one, and its transitions when ``trajectory`` is given.
 
-        All in one transaction: on any error the rollout, spans and transitions
-        stored before stay as they were. Without ``trajectory`` the transitions
-        stored earlier for this rollout are kept.
+        A rollout id belongs to one task and attempt, and a finished rollout is final: storing it
+        again with another task, attempt, status or rewards raises :class:`RolloutConflict` naming
+        the field. The same result stored again (a retry) is accepted, and adds the spans the
+        stored rollout does not have yet; a running rollout is updated. Spans are never dropped: a
+        rollout keeps every span stored for it, a running one takes the newer copy of a span.
+
+        All in one transaction: on any error the rollout, spans and transitions stored before stay
+        as they were. Without ``trajectory`` the transitions stored earlier are kept.
         """
         clean = _validated(rollout, Rollout, "rollout", validate)
         row = _rollout_row(clean)
@@ -377,17 +383,23 @@ class SqliteStore:
             skipped_json = _dumps([s.to_dict() for s in traj.skipped])
 
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO rollouts (id, task_id, attempt, status, start_time, end_time, final_reward, data, skipped)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
-                " task_id = excluded.task_id, attempt = excluded.attempt, status = excluded.status,"
-                " start_time = excluded.start_time, end_time = excluded.end_time,"
-                " final_reward = excluded.final_reward, data = excluded.data,"
-                " skipped = coalesce(excluded.skipped, rollouts.skipped)",
-                (*row, skipped_json),
-            )
-            conn.execute("DELETE FROM spans WHERE rollout_id = ?", (clean.id,))
-            _insert_spans(conn, span_rows)
+            stored = conn.execute("SELECT task_id, attempt, status, data FROM rollouts WHERE id = ?",
+                                  (clean.id,)).fetchone()
+            final = stored is not None and _check_stored_again(clean, *stored)
+            if final:  # the same finished result again: it keeps its row and gains the spans it lacked
+                _insert_spans(conn, span_rows)
+                if trajectory is not None:
+                    conn.execute("UPDATE rollouts SET skipped = ? WHERE id = ?", (skipped_json, clean.id))
+            else:
+                conn.execute(
+                    "INSERT INTO rollouts (id, task_id, attempt, status, start_time, end_time, final_reward, data,"
+                    " skipped) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+                    " status = excluded.status, start_time = excluded.start_time, end_time = excluded.end_time,"
+                    " final_reward = excluded.final_reward, data = excluded.data,"
+                    " skipped = coalesce(excluded.skipped, rollouts.skipped)",
+                    (*row, skipped_json),
+                )
+                _upsert_spans(conn, span_rows)
             if trajectory is not None:
                 conn.execute("DELETE FROM transitions WHERE rollout_id = ?", (clean.id,))
                 conn.executemany(
@@ -508,22 +520,107 @@ class SqliteStore:
         sql = f"SELECT id, task_id, attempt, final_reward, skipped FROM rollouts{where} ORDER BY start_time, rowid"
 
         def work(conn: sqlite3.Connection) -> list[Trajectory]:
-            out = []
-            for rid, task, attempt, reward, skipped in conn.execute(sql, params).fetchall():
-                steps = conn.execute("SELECT data FROM transitions WHERE rollout_id = ? ORDER BY pos", (rid,))
-                out.append(
-                    Trajectory(
-                        rollout_id=rid,
-                        task_id=task,
-                        attempt=attempt,
-                        transitions=[Transition.from_json(row[0]) for row in steps],
-                        reward=reward,
-                        skipped=[Skipped.from_dict(s) for s in json.loads(skipped)],
-                    )
-                )
-            return out
+            return [_trajectory_of(conn, *row) for row in conn.execute(sql, params).fetchall()]
 
         return self._read(work)
+
+    # ------------------------------------------------------------------ pages
+
+    def rollouts_page(
+        self,
+        *,
+        limit: int,
+        after: str | None = None,
+        task_id: str | None = None,
+        status: str | Sequence[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        with_spans: bool = False,
+    ) -> tuple[list[Rollout], str | None]:
+        """Up to ``limit`` of :meth:`rollouts` after the cursor ``after``, and the cursor of the next page.
+
+        Pages walk one total order, ``(start_time, insertion order)``, and a cursor is a place in it,
+        not a rollout: every rollout comes exactly once however many share a start time, and a
+        rollout stored meanwhile is listed if it falls after the cursor. The next cursor is None on
+        the last page. A cursor this listing never gave raises ``ValueError``.
+        """
+        where, params = _filters(task_id=task_id, status=status, since=since, until=until)
+        key = _parse_cursor(after, 2)
+
+        def work(conn: sqlite3.Connection) -> tuple[list[Rollout], list[tuple[Any, ...]]]:
+            rows = _keyset(conn, "SELECT start_time, rowid, id, data FROM rollouts", where, params, key,
+                           _check_limit(limit) + 1)
+            return [_rollout_from(data, _spans_of(conn, rid) if with_spans else [])
+                    for _, _, rid, data in rows[:limit]], rows
+
+        page, rows = self._read(work)
+        return _paged(page, rows, limit)
+
+    def trajectories_page(
+        self,
+        *,
+        limit: int,
+        after: str | None = None,
+        task_id: str | None = None,
+        status: str | Sequence[str] | None = None,
+        rollout_ids: Sequence[str] | None = None,
+    ) -> tuple[list[Trajectory], str | None]:
+        """Up to ``limit`` of :meth:`trajectories` (the stored ones) after ``after``, as :meth:`rollouts_page` pages."""
+        where, params = _filters(task_id=task_id, status=status, rollout_ids=rollout_ids)
+        where += (" AND" if where else " WHERE") + " skipped IS NOT NULL"
+        key = _parse_cursor(after, 2)
+
+        def work(conn: sqlite3.Connection) -> tuple[list[Trajectory], list[tuple[Any, ...]]]:
+            rows = _keyset(conn, "SELECT start_time, rowid, id, task_id, attempt, final_reward, skipped FROM rollouts",
+                           where, params, key, _check_limit(limit) + 1)
+            return [_trajectory_of(conn, *row[2:]) for row in rows[:limit]], rows
+
+        page, rows = self._read(work)
+        return _paged(page, rows, limit)
+
+    def transitions_page(
+        self, *, limit: int, after: str | None = None, rollout_id: str | None = None, task_id: str | None = None
+    ) -> tuple[list[Transition], str | None]:
+        """Up to ``limit`` of :meth:`transitions` after ``after``, as :meth:`rollouts_page` pages.
+
+        The order is the rollouts' and then each trajectory's, so a cursor is a place in a rollout.
+        """
+        clauses: list[str] = []
+        params: list[Any] = []
+        if rollout_id is not None:
+            _check_id(rollout_id, "rollout_id")
+            clauses.append("r.id = ?")
+            params.append(rollout_id)
+        if task_id is not None:
+            _check_id(task_id, "task_id")
+            clauses.append("r.task_id = ?")
+            params.append(task_id)
+        key = _parse_cursor(after, 3)
+        want = _check_limit(limit) + 1
+        select = "SELECT r.start_time, r.rowid, t.pos, t.data FROM rollouts r JOIN transitions t ON t.rollout_id = r.id"
+
+        def work(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = []
+
+            def stage(extra: list[str], more: list[Any], order: str) -> list[tuple[Any, ...]]:
+                where = " WHERE " + " AND ".join(clauses + extra) if clauses or extra else ""
+                found = conn.execute(f"{select}{where} ORDER BY {order} LIMIT {int(want - len(rows))}",
+                                     [*params, *more]).fetchall()
+                return [tuple(row) for row in found]
+
+            if key is None:
+                return stage([], [], "r.start_time, r.rowid, t.pos")
+            start, rowid, pos = key
+            for extra, more, order in ((["r.rowid = ?", "t.pos > ?"], [rowid, pos], "t.pos"),
+                                       (["r.start_time = ?", "r.rowid > ?"], [start, rowid], "r.rowid, t.pos"),
+                                       (["r.start_time > ?"], [start], "r.start_time, r.rowid, t.pos")):
+                rows += stage(extra, more, order)
+                if len(rows) >= want:
+                    break
+            return rows
+
+        rows = self._read(work)
+        return _paged([Transition.from_json(row[3]) for row in rows[:limit]], rows, limit, 3)
 
     # ------------------------------------------------------------------ export
 
@@ -618,9 +715,119 @@ def _insert_spans(conn: sqlite3.Connection, rows: Iterable[tuple[str, str, str, 
     )
 
 
+def _upsert_spans(conn: sqlite3.Connection, rows: Iterable[tuple[str, str, str, int, str]]) -> None:
+    conn.executemany(
+        "INSERT INTO spans (rollout_id, span_id, trace_id, start_ns, data) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (rollout_id, span_id) DO UPDATE SET trace_id = excluded.trace_id,"
+        " start_ns = excluded.start_ns, data = excluded.data",
+        rows,
+    )
+
+
+_FINISHED = frozenset(_STATUSES) - {"running"}
+
+
+def _check_stored_again(rollout: Rollout, task_id: str, attempt: int, status: str, data: str) -> bool:
+    """Whether the stored rollout is finished (and ``rollout`` the same result); RolloutConflict if it may not change.
+
+    Only the identity and the outcome are compared: spans, timing and the rest may differ between
+    two posts of one result (token ids joined once, a span sent late).
+    """
+    if rollout.task_id != task_id:
+        raise RolloutConflict(rollout.id, "task_id", f"belongs to task {task_id!r} attempt {attempt}; it cannot "
+                                                     f"be stored for task {rollout.task_id!r}")
+    if rollout.attempt != attempt:
+        raise RolloutConflict(rollout.id, "attempt", f"belongs to task {task_id!r} attempt {attempt}; it cannot "
+                                                     f"be stored as attempt {rollout.attempt}")
+    if status not in _FINISHED:
+        return False
+    if rollout.status != status:
+        raise RolloutConflict(rollout.id, "status", f"finished as {status!r}; a finished rollout is final and "
+                                                    f"cannot become {rollout.status!r}")
+    stored = json.loads(data).get("rewards") or []
+    if [r.to_dict() for r in rollout.rewards] != stored:
+        shown = [r.get("value") for r in stored]
+        raise RolloutConflict(rollout.id, "rewards", f"finished with rewards {shown}; a finished rollout is final "
+                                                     f"and cannot take {[r.value for r in rollout.rewards]}")
+    return True
+
+
 def _spans_of(conn: sqlite3.Connection, rollout_id: str) -> list[Span]:
     rows = conn.execute("SELECT data FROM spans WHERE rollout_id = ? ORDER BY start_ns, rowid", (rollout_id,))
     return [Span.from_json(row[0]) for row in rows]
+
+
+def _trajectory_of(conn: sqlite3.Connection, rid: str, task: str, attempt: int, reward: float | None,
+                   skipped: str) -> Trajectory:
+    steps = conn.execute("SELECT data FROM transitions WHERE rollout_id = ? ORDER BY pos", (rid,))
+    return Trajectory(
+        rollout_id=rid,
+        task_id=task,
+        attempt=attempt,
+        transitions=[Transition.from_json(row[0]) for row in steps],
+        reward=reward,
+        skipped=[Skipped.from_dict(s) for s in json.loads(skipped)],
+    )
+
+
+# ---------------------------------------------------------------------- pages
+
+
+def _check_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    return limit
+
+
+def _cursor(*key: Any) -> str:
+    """A place in a listing: the start time (``repr`` is exact), the rollout's row id, and the position."""
+    return "~".join(repr(float(k)) if i == 0 else str(int(k)) for i, k in enumerate(key))
+
+
+def _parse_cursor(after: str | None, parts: int) -> tuple[Any, ...] | None:
+    if after is None:
+        return None
+    if not isinstance(after, str):
+        raise TypeError(f"after must be a str (a page's cursor), got {type(after).__name__}")
+    pieces = after.split("~")
+    try:
+        if len(pieces) != parts:
+            raise ValueError
+        start = float(pieces[0])
+        rest = [int(p) for p in pieces[1:]]
+    except ValueError:
+        raise ValueError(f"{after[:200]!r} is not a cursor of this listing (pass the 'next' of the page before)"
+                         ) from None
+    if not math.isfinite(start) or any(not 0 <= r <= 2**63 - 1 for r in rest):
+        raise ValueError(f"{after[:200]!r} is not a cursor of this listing (pass the 'next' of the page before)")
+    return (start, *rest)
+
+
+def _keyset(conn: sqlite3.Connection, select: str, where: str, params: list[Any], key: tuple[Any, ...] | None,
+            want: int) -> list[tuple[Any, ...]]:
+    """Up to ``want`` rows of ``select`` (start_time and rowid first) after ``key`` in (start_time, rowid) order.
+
+    Two index-range queries (the rest of the cursor's start time, then later start times) rather
+    than one row-value comparison, which SQLite answers by scanning every tie of the start time.
+    """
+    joiner = " AND" if where else " WHERE"
+    if key is None:
+        return [tuple(r) for r in conn.execute(f"{select}{where} ORDER BY start_time, rowid LIMIT {int(want)}",
+                                               params)]
+    start, rowid = key
+    rows = [tuple(r) for r in conn.execute(f"{select}{where}{joiner} start_time = ? AND rowid > ? ORDER BY rowid"
+                                           f" LIMIT {int(want)}", [*params, start, rowid])]
+    if len(rows) < want:
+        rows += [tuple(r) for r in conn.execute(f"{select}{where}{joiner} start_time > ? ORDER BY start_time, rowid"
+                                                f" LIMIT {int(want - len(rows))}", [*params, start])]
+    return rows
+
+
+def _paged(page: list[_P], rows: list[tuple[Any, ...]], limit: int, key_len: int = 2) -> tuple[list[_P], str | None]:
+    """The page and, when a row beyond it was found, the cursor of its last item (each row starts with its key)."""
+    if len(rows) <= limit:
+        return page[:limit], None
+    return page[:limit], _cursor(*rows[limit - 1][:key_len])
 
 
 def _rollout_from(data: str, spans: list[Span]) -> Rollout:

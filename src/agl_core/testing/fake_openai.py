@@ -112,8 +112,9 @@ class FakeOpenAI:
     """``with FakeOpenAI(script=[...]) as srv: openai.OpenAI(base_url=srv.url, api_key="x")``."""
 
     def __init__(self, script: Script | None = None, *, model: str = "fake-model", status: int | None = None,
-                 return_token_ids: bool = False) -> None:
+                 return_token_ids: bool = False, port: int = 0) -> None:
         self.model = model
+        self.port = port  # 0: any free one; a fixed one lets a test stop the server and start it again there
         self.status = status  # when set, every chat/completions request fails with it
         self.return_token_ids = return_token_ids  # token ids in every chat reply, even unasked
         self.requests: list[RecordedRequest] = []
@@ -134,7 +135,7 @@ class FakeOpenAI:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
     def start(self) -> Self:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), _make_handler(self))
         server.daemon_threads = True
         self._server = server
         # a short poll interval: stop() waits for the serving loop to notice, and tests start many servers
