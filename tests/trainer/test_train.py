@@ -213,10 +213,13 @@ def test_workers_as_ray_actors(tmp_path: Path) -> None:
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "trainer"), os.environ.get("PYTHONPATH", "")])}
     # The run's exit status is checked after a run that finished: Ray's shutdown at interpreter exit used to race
     # the thread still waiting on the actors and turn a finished run into status 1 (about one run in five here).
-    proc = subprocess.run([*agl_train(), "train.yaml", "--quiet", "--set", "run.steps=1", "--set", "data.group_size=4"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
-    assert "core worker has already been shutdown" not in proc.stderr, proc.stderr[-3000:]
+    # Popen, not run: the worker ids are checked against the trainer process's own pid below
+    with subprocess.Popen([*agl_train(), "train.yaml", "--quiet", "--set", "run.steps=1", "--set",
+                           "data.group_size=4"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        stdout, stderr = proc.communicate(timeout=400)
+    assert proc.returncode == 0, stdout[-1500:] + stderr[-3000:]
+    assert "core worker has already been shutdown" not in stderr, stderr[-3000:]
     steps = json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]
     assert len(steps) == 1 and steps[0]["rollouts"] == 8 and steps[0]["failed_rollouts"] == 0 and steps[0]["rows"] > 0
     with sqlite3.connect(tmp_path / "agl.db") as conn:
