@@ -124,7 +124,9 @@ _ROLLOUT_SUMMARY = _obj({
 
 _MODEL = _obj({
     "model": _nullable(_STRING), "version": _COUNT, "weights": _nullable(_STRING), "updated_at": {"type": "number"},
-}, ("model", "version", "weights", "updated_at"))
+    "sampling": {"type": "object", "description": "The gateway's sampling overrides (a training run's pin them, "
+                                                  "see training_sampling), which a trainer checks against its own."},
+}, ("model", "version", "weights", "updated_at", "sampling"))
 
 _MESSAGE = _obj({
     "role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
