@@ -175,13 +175,22 @@ def _message_json(message: Any) -> str:
 _memo = MessageMemo(_memo_key, _message_json)
 
 
+_systems: dict[str, str] = {}  # instructions -> their system message's JSON (an agent sends the same on every call)
+
+
 def input_messages_json(messages: Any, instructions: Any = None) -> str:
     """``gen_ai.input.messages`` of a request: the instructions as a system message, then each message's JSON."""
-    if isinstance(messages, (str, Mapping)) or not isinstance(messages, Iterable):
-        messages = [messages]
+    if type(messages) is not list and type(messages) is not tuple:
+        if isinstance(messages, (str, Mapping)) or not isinstance(messages, Iterable):
+            messages = [messages]
     text = _memo.encode(messages)
-    if isinstance(instructions, str) and instructions:
-        system = dumps(to_genai({"role": "system", "content": instructions}))
+    if type(instructions) is str and instructions:
+        system = _systems.get(instructions)
+        if system is None:
+            system = dumps(to_genai({"role": "system", "content": instructions}))
+            if len(_systems) >= 64:
+                _systems.clear()
+            _systems[instructions] = system
         return f"[{system},{text[1:]}" if len(text) > 2 else f"[{system}]"
     return text
 
@@ -273,9 +282,31 @@ def request_messages_attributes(messages: Any, options: Any) -> Attributes:
         attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages, opts.get("instructions"))
     tools = opts.get("tools")
     if tools:
-        attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = dumps(tool_definitions(tools if isinstance(tools, Sequence)
-                                                                        else [tools]))
+        attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = _tool_definitions_json(tools if isinstance(tools, Sequence)
+                                                                        else [tools])
     return attrs
+
+
+_tool_json: dict[tuple[int, ...], tuple[tuple[Any, ...], str]] = {}  # ids -> (the tools, held so ids stay theirs; JSON)
+
+
+def _tool_definitions_json(tools: Sequence[Any]) -> str:
+    """The tools' definitions as JSON, once per list of tool objects (an agent offers the same tools every call).
+
+    A ``FunctionTool``'s schema is fixed when it is made; a dict can be edited in place, so dicts are never cached.
+    """
+    held = tuple(tools)
+    if any(isinstance(t, Mapping) for t in held):
+        return dumps(tool_definitions(held))
+    key = tuple(map(id, held))
+    hit = _tool_json.get(key)
+    if hit is not None:
+        return hit[1]
+    text = dumps(tool_definitions(held))
+    if len(_tool_json) >= 256:
+        _tool_json.clear()
+    _tool_json[key] = (held, text)
+    return text
 
 
 def response_attributes(response: Any) -> Attributes:
