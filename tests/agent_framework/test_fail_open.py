@@ -39,7 +39,10 @@ from agl_core.testing.faults import (
 )
 
 FAULTS = hook_faults(attributes, plugin_instrumentor)
-NOT_ON_PATH = {"agl_agent_framework.attributes._asks_for_tools"}  # a response without a finish reason
+NOT_ON_PATH = {
+    "agl_agent_framework.attributes._asks_for_tools",  # a response without a finish reason
+    "agl_agent_framework.attributes.tool_definitions",  # per list of tools, cached before the faulted run
+}
 ROUND = [{"tool_calls": [{"name": "multiply", "arguments": {"a": 6, "b": 7}, "id": "c1"},
                          {"name": "divide", "arguments": {"a": 1, "b": 0}, "id": "c2"}]},
          "6 * 7 = 42, and 1 / 0 has no answer."]
