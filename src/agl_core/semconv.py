@@ -124,3 +124,6 @@ CREWAI_TASK_ID: Final = "agl.crewai.task.id"
 CREWAI_FLOW_NAME: Final = "agl.crewai.flow.name"
 CREWAI_FLOW_ID: Final = "agl.crewai.flow.id"
 CREWAI_LLM_CLASS: Final = "agl.crewai.llm.class"  # the BaseLLM class that served the call: OpenAICompletion, LLM, ...
+
+# --- agent_framework
+GEN_AI_OUTPUT_TYPE: Final = "gen_ai.output.type"  # the conventions' name; "json" on a structured-output request
