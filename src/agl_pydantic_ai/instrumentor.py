@@ -186,7 +186,7 @@ def _traceparent(span: trace.Span) -> str | None:
 
 
 def _with_traceparent(settings: Any, span: trace.Span) -> Any:
-    """A copy of the call's ``ModelSettings`` with our ``traceparent`` in ``extra_headers``, unless the caller set one."""
+    """The call's ``ModelSettings``, copied, with our ``traceparent`` in ``extra_headers`` (the caller's wins)."""
     headers = settings.get("extra_headers") if isinstance(settings, Mapping) else None
     if isinstance(headers, Mapping):
         if any(isinstance(k, str) and k.lower() == _TRACEPARENT for k in headers):

@@ -37,7 +37,7 @@ def instrumented() -> Iterator[list[str]]:
 
 @pytest.fixture
 def global_provider() -> Iterator[InMemorySpanExporter]:
-    """An OpenTelemetry SDK provider set as the global one (as a user with Jaeger or Logfire's OTLP has), undone after."""
+    """An OpenTelemetry SDK provider set as the global one (as a user with Jaeger has), undone after."""
     from opentelemetry.util._once import Once
 
     saved = (trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE)
