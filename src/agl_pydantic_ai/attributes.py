@@ -407,10 +407,4 @@ def tool_failure(exc: BaseException, retry_types: tuple[type[BaseException], ...
         error_type = type(beneath[0]).__name__ if beneath else cause if isinstance(cause, str) else type(exc).__name__
     else:
         return semconv.TOOL_EXCEPTION, type(exc).__name__, None
-    text = None
-    if told is not None:
-        try:
-            text = _retry_text(told)
-        except Exception:  # noqa: BLE001 - only for the span's result text
-            text = None
-    return status, error_type, text
+    return status, error_type, _retry_text(told) if told is not None else None

@@ -77,6 +77,10 @@ class FakeResponses:
                     for i, item in enumerate(data["output"]):
                         events.append({"type": "response.output_item.added", "sequence_number": len(events),
                                        "output_index": i, "item": item})
+                        for c, part in enumerate(item.get("content") or ()):
+                            events.append({"type": "response.output_text.delta", "sequence_number": len(events),
+                                           "item_id": item["id"], "output_index": i, "content_index": c,
+                                           "delta": part["text"], "logprobs": []})
                         events.append({"type": "response.output_item.done", "sequence_number": len(events),
                                        "output_index": i, "item": item})
                     events.append({"type": "response.completed", "sequence_number": len(events), "response": data})
