@@ -230,12 +230,25 @@ _memo = MessageMemo(_memo_key, _message_json)
 
 
 def input_messages_json(messages: Any) -> str:
-    """``gen_ai.input.messages``: the same JSON as ``dumps(many_to_genai(input_messages(messages)))``."""
+    """``gen_ai.input.messages``: the same JSON as ``dumps(many_to_genai(input_messages(messages)))``.
+
+    The instructions go after the system prompts, which Pydantic AI puts in the run's first request:
+    that request is converted with them each time, every later message comes from the memo.
+    """
     history = list(messages or ())
     instructions = _instructions(history)
-    if instructions is None:
+    if instructions is None or not history:
         return _memo.encode(history)
-    return dumps([to_genai(m) for m in input_messages(history)])  # the instructions sit inside the first request
+    head = _message(history[0])
+    at = 0
+    while at < len(head) and head[at]["role"] == "system":
+        at += 1
+    head.insert(at, {"role": "system", "content": instructions})
+    if at == len(head) - 1 and len(history) > 1:  # only system prompts in it: later ones may lead as well
+        return dumps([to_genai(m) for m in input_messages(history)])
+    first = ",".join(dumps(to_genai(m)) for m in head)
+    rest = _memo.encode(history[1:])
+    return f"[{first}]" if rest == "[]" else f"[{first},{rest[1:]}"
 
 
 # --------------------------------------------------------------------------- tools offered

@@ -216,3 +216,26 @@ def test_the_test_models_and_direct_requests_are_captured_and_their_settings_lef
     first = spans(run, semconv.OP_CHAT)[0]
     assert first.attributes[semconv.GEN_AI_REQUEST_TEMPERATURE] == 0.5
     assert traj.transitions[1].prompt[-1] == {"role": "tool", "tool_call_id": "a1", "content": "3"}
+
+
+def test_the_memoised_input_json_is_the_plain_conversion() -> None:
+    """``input_messages_json`` (memo, instructions spliced in) says exactly what converting every message says."""
+    import json
+
+    from pydantic_ai.messages import SystemPromptPart, ToolReturnPart, UserPromptPart
+
+    from agl_core.messages import many_to_genai
+    from agl_pydantic_ai import attributes
+
+    first = ModelRequest(parts=[SystemPromptPart("sys"), UserPromptPart("hi")], instructions="Be brief.")
+    call = ModelResponse(parts=[ToolCallPart("f", {"x": 1}, tool_call_id="c1")])
+    back = ModelRequest(parts=[ToolReturnPart("f", "1", tool_call_id="c1")], instructions="Be brief.")
+    only_system = ModelRequest(parts=[SystemPromptPart("sys")], instructions="Be brief.")
+    for history in ([first], [first, call, back], [first, call, back, call, back], [only_system, back], [call],
+                    [ModelRequest(parts=[UserPromptPart("x")])]):
+        for _ in range(2):  # the second time from the memo
+            got = json.loads(attributes.input_messages_json(history))
+            assert got == many_to_genai(attributes.input_messages(history)), history
+    assert attributes.input_messages([first, call, back])[:3] == [
+        {"role": "system", "content": "sys"}, {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"}]
