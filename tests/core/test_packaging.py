@@ -28,6 +28,7 @@ DISTS: dict[str, tuple[str, str]] = {
     "agl-openai-agents": ("agl_openai_agents", "src"),
     "agl-autogen": ("agl_autogen", "src"),
     "agl-crewai": ("agl_crewai", "src"),
+    "agl-pydantic-ai": ("agl_pydantic_ai", "src"),
     "agl-trainer": ("agl_trainer", "trainer"),
 }
 
@@ -37,6 +38,7 @@ PLUGINS: dict[str, tuple[str, str]] = {  # distribution -> (plugin name, entry-p
     "agl-openai-agents": ("openai_agents", "agl_openai_agents:OpenAIAgentsInstrumentor"),
     "agl-autogen": ("autogen", "agl_autogen:AutoGenInstrumentor"),
     "agl-crewai": ("crewai", "agl_crewai:CrewAIInstrumentor"),
+    "agl-pydantic-ai": ("pydantic_ai", "agl_pydantic_ai:PydanticAIInstrumentor"),
 }
 
 VERSION = "0.1.0"
