@@ -18,7 +18,7 @@ from agl_trainer.config import ConfigError, load_config, load_tasks
 from .conftest import ServerFactory
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ["sql_agent", "rag_agent", "calc_agent", "crewai_agent", "openai_client_agent"]
+EXAMPLES = ["sql_agent", "rag_agent", "calc_agent", "crewai_agent", "openai_client_agent", "pydantic_ai_agent"]
 # what each example's BUILDER says (the framework suites check the BUILDERs themselves)
 RULES = {
     "sql_agent": ("writer|rewriter", {"tool_error": -0.5, "tool_exception": -0.5}),
@@ -26,6 +26,7 @@ RULES = {
     "calc_agent": (None, {"tool_error": -0.2, "tool_exception": -0.2}),
     "crewai_agent": (None, {"tool_error": -0.3, "tool_exception": -0.3}),
     "openai_client_agent": (None, {"tool_error": -0.25, "tool_exception": -0.25, "malformed_tool_call": -0.25}),
+    "pydantic_ai_agent": (None, {"tool_error": -0.2, "tool_exception": -0.2}),
 }
 
 
@@ -126,9 +127,13 @@ def test_the_sql_example_through_the_gateway_trains_writer_and_rewriter(gateway_
 # --------------------------------------------------------------------------- agl train on an example's own config
 
 
-def test_agl_train_runs_an_example_config(tmp_path: Path) -> None:
-    """``PYTHONPATH=. agl train examples/openai_client_agent/train.yaml`` with a tiny model built here: one real
-    step, the example's agent leased from the queue, its calls through the gateway, the run's files written."""
+@pytest.mark.parametrize("name", ["openai_client_agent", "pydantic_ai_agent"])
+def test_agl_train_runs_an_example_config(tmp_path: Path, name: str) -> None:
+    """``PYTHONPATH=. agl train examples/<name>/train.yaml`` with a tiny model built here: one real step, the
+    example's agent leased from the queue, its calls through the gateway, the run's files written.
+
+    The Pydantic AI example's calls go through Pydantic AI's ``OpenAIChatModel`` and agl's ``pydantic_ai``
+    plugin: the gateway joins its token ids to them by the ``traceparent`` the plugin sends."""
     import os
     import subprocess
 
@@ -149,7 +154,7 @@ def test_agl_train_runs_an_example_config(tmp_path: Path) -> None:
     overrides = [f"backend.model={tmp_path / 'policy'}", "backend.threads=1", "run.steps=1",
                  "data.group_size=2", "data.tasks_per_step=1", "workers.count=2", f"run.dir={tmp_path / 'out'}",
                  f"server.db={tmp_path / 'agl.db'}", "algorithm.max_response_length=64"]
-    args = [*agl_train(), "examples/openai_client_agent/train.yaml", "--quiet"]
+    args = [*agl_train(), f"examples/{name}/train.yaml", "--quiet"]
     for item in overrides:
         args += ["--set", item]
     result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -163,7 +168,10 @@ def test_agl_train_runs_an_example_config(tmp_path: Path) -> None:
         trajectories = store.trajectories()
     finally:
         store.close()
-    known = {t["id"] for t in load_tasks(load_config(ROOT / "examples/openai_client_agent/train.yaml",
+    known = {t["id"] for t in load_tasks(load_config(ROOT / f"examples/{name}/train.yaml",
                                                      [f"backend.model={tmp_path / 'policy'}"]))}
     assert len(rollouts) == 2 and all(r.status == "succeeded" and r.task["id"] in known for r in rollouts)
     assert {t.token_source for traj in trajectories for t in traj.transitions} == {"gateway"}
+    if name == "pydantic_ai_agent":  # every call of the Pydantic AI agent is the desk's, with the gateway's ids
+        assert {t.agent_name for traj in trajectories for t in traj.transitions} == {"desk"}
+        assert all(t.prompt_token_ids and t.response_token_ids for traj in trajectories for t in traj.transitions)
