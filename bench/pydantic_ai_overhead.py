@@ -29,7 +29,7 @@ Run (from the repository root, in the Pydantic AI suite's environment)::
 
     make .venvs/pydantic_ai/.agl-installed
     .venvs/pydantic_ai/bin/pip install -r bench/requirements-pydantic_ai.txt
-    .venvs/pydantic_ai/bin/python bench/pydantic_ai_overhead.py [--rounds 15] [--runs 30]
+    .venvs/pydantic_ai/bin/python bench/pydantic_ai_overhead.py [--rounds 15] [--runs 30] [--no-http]
 
 Target: agl's overhead at most 1/5 of Pydantic AI's own instrumentation's (and of OpenInference's).
 """
@@ -160,9 +160,10 @@ async def _main(args: argparse.Namespace) -> None:
         return SCRIPT[next(turn) % 2]
 
     with FakeOpenAI(script=script, return_token_ids=True) as srv:
-        for label, model, stream in (("FunctionModel, run (no HTTP)", FunctionModel(scripted), False),
-                                     ("OpenAIChatModel on the fake server, run", _chat_model(srv.url), False),
-                                     ("OpenAIChatModel on the fake server, run_stream", _chat_model(srv.url), True)):
+        workloads = [("FunctionModel, run (no HTTP)", FunctionModel(scripted), False),
+                     ("OpenAIChatModel on the fake server, run", _chat_model(srv.url), False),
+                     ("OpenAIChatModel on the fake server, run_stream", _chat_model(srv.url), True)]
+        for label, model, stream in workloads if args.http else workloads[:1]:
             agent = _agent(model)
             times = await harness.interleave_async(variants, args.rounds,
                                                    functools.partial(_round, agent, args.runs, stream))
@@ -176,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--runs", type=int, default=30, help="agent runs per variant per round")
+    parser.add_argument("--no-http", dest="http", action="store_false",
+                        help="only the FunctionModel workload (the framework's own work, no HTTP)")
     args = parser.parse_args(argv)
     logging.getLogger("pydantic_ai").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")

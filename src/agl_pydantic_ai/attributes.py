@@ -199,19 +199,23 @@ def input_messages(messages: Any) -> list[Message]:
     return out
 
 
-class _Same:
-    """A key part that is one object (by identity) and keeps it alive, so its id is never reused while keyed."""
+class _Alive:
+    """The last part of a memo key: holds the keyed objects, so their ids stay theirs while the key lives.
 
-    __slots__ = ("obj",)
+    Two live objects never share an id, so keys whose ids are equal name the same objects: this part
+    always compares equal (and hashes alike), and a lookup costs no Python-level comparison beyond it.
+    """
 
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
+    __slots__ = ("objects",)
+
+    def __init__(self, objects: tuple[Any, ...]) -> None:
+        self.objects = objects
 
     def __hash__(self) -> int:
-        return id(self.obj)
+        return 0
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.obj is self.obj
+        return isinstance(other, _Alive)
 
 
 def _memo_key(message: Any) -> Hashable | None:
@@ -219,7 +223,7 @@ def _memo_key(message: Any) -> Hashable | None:
     parts = getattr(message, "parts", None)
     if not isinstance(parts, (list, tuple)):
         return None
-    return (_Same(message), tuple(map(_Same, parts)))
+    return (id(message), *map(id, parts), _Alive((message, *parts)))
 
 
 def _message_json(message: Any) -> str:
@@ -229,26 +233,41 @@ def _message_json(message: Any) -> str:
 _memo = MessageMemo(_memo_key, _message_json)
 
 
+def _first_key(first: tuple[Any, str]) -> Hashable | None:
+    key = _memo_key(first[0])
+    return None if key is None else (key, first[1])
+
+
+def _first_json(first: tuple[Any, str]) -> str:
+    """The run's first request with the instructions after its system prompts, as ``input_messages`` puts them."""
+    head = _message(first[0])
+    at = 0
+    while at < len(head) and head[at]["role"] == "system":
+        at += 1
+    head.insert(at, {"role": "system", "content": first[1]})
+    return ",".join(dumps(to_genai(m)) for m in head)
+
+
+_first_memo = MessageMemo(_first_key, _first_json)
+
+
 def input_messages_json(messages: Any) -> str:
     """``gen_ai.input.messages``: the same JSON as ``dumps(many_to_genai(input_messages(messages)))``.
 
     The instructions go after the system prompts, which Pydantic AI puts in the run's first request:
-    that request is converted with them each time, every later message comes from the memo.
+    that request is encoded with them (and remembered with them), every later message on its own.
     """
     history = list(messages or ())
     instructions = _instructions(history)
     if instructions is None or not history:
         return _memo.encode(history)
-    head = _message(history[0])
-    at = 0
-    while at < len(head) and head[at]["role"] == "system":
-        at += 1
-    head.insert(at, {"role": "system", "content": instructions})
-    if at == len(head) - 1 and len(history) > 1:  # only system prompts in it: later ones may lead as well
-        return dumps([to_genai(m) for m in input_messages(history)])
-    first = ",".join(dumps(to_genai(m)) for m in head)
+    first = history[0]
+    if getattr(first, "kind", None) != "request" or all(
+            getattr(p, "part_kind", None) == "system-prompt" for p in first.parts):
+        return dumps([to_genai(m) for m in input_messages(history)])  # later system prompts may lead as well
+    head = _first_memo.encode(((first, instructions),))
     rest = _memo.encode(history[1:])
-    return f"[{first}]" if rest == "[]" else f"[{first},{rest[1:]}"
+    return head if rest == "[]" else f"{head[:-1]},{rest[1:]}"
 
 
 # --------------------------------------------------------------------------- tools offered
