@@ -408,10 +408,18 @@ class _AgentRun:
         return suppressed  # type: ignore[no-any-return]
 
 
+_framework_types: dict[Any, bool] = {}  # node class -> whether it is one of Pydantic AI's own (a few, long-lived)
+
+
 def _framework_node(step: Any) -> bool:
     """A node of Pydantic AI's own agent graph (the agent's span covers it)."""
     node_type = getattr(step, "node_type", None)
-    return (getattr(node_type, "__module__", "") or "").startswith("pydantic_ai.")
+    known = _framework_types.get(node_type)
+    if known is None:
+        known = (getattr(node_type, "__module__", "") or "").startswith("pydantic_ai.")
+        if len(_framework_types) < 1024:
+            _framework_types[node_type] = known
+    return known
 
 
 def _node_call(fn: Callable[..., Any], node_id: str) -> Callable[..., Any]:

@@ -81,7 +81,7 @@ def _weather(srv: FakeOpenAI) -> Agent[None, Answer]:
 def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
           after: Callable[[], None] = lambda: None) -> list[Any]:
     from pydantic_ai.direct import model_request
-    from pydantic_ai.messages import ModelRequest
+    from pydantic_ai.messages import ModelRequest, SystemPromptPart
     from pydantic_graph import BaseNode, End, GraphBuilder, GraphRunContext
 
     out: list[Any] = []
@@ -97,7 +97,10 @@ def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
         question: str
 
         async def run(self, ctx: GraphRunContext[None, None]) -> End[str]:
-            reply = await model_request(chat_model(srv), [ModelRequest.user_text_prompt(self.question)])
+            # a history whose first request holds only a system prompt: the plain conversion path
+            history = [ModelRequest(parts=[SystemPromptPart("You answer in one line.")], instructions="Be brief."),
+                       ModelRequest.user_text_prompt(self.question, instructions="Be brief.")]
+            reply = await model_request(chat_model(srv), history)
             return End(reply.parts[0].content)
 
     builder = GraphBuilder(input_type=Ask, output_type=str)
