@@ -148,12 +148,17 @@ class _Call:
 
         A framework's span may hold a post-processed reply (crewai cuts replies at stop words on the
         client side) while the client span below it saw what the model really generated. Failed
-        spans come last: a retried request's broken first try must not lend its partial text.
+        spans come last: a retried request's broken first try must not lend its partial text. A
+        framework's own span (no ``agl.plugin``: Pydantic AI's instrumentation wraps the model call
+        in a ``chat`` span of its own) comes after agl's spans of the same request, whose messages
+        are in the form transitions are built from (its system instructions, for one, are not in
+        its input messages).
         """
         if self._ordered is None:
             best = self.token_span()
             rest = [s for s in self.spans if s is not best]
-            rest.sort(key=lambda s: s.status == "error")  # stable: otherwise in start order
+            # stable: otherwise in start order
+            rest.sort(key=lambda s: (s.status == "error", not s.attributes.get(semconv.AGL_PLUGIN)))
             self._ordered = [best, *rest] if best is not None else rest
         return self._ordered
 
@@ -218,6 +223,7 @@ class TransitionBuilder:
         skipped: list[Skipped] = []
 
         final: float | None = None
+        recorded = _tool_calls_recorded_by_agl(spans)
         for span in spans:
             a = span.attributes
             if a.get(semconv.AGL_SPAN_KIND) == semconv.KIND_REWARD:
@@ -228,7 +234,7 @@ class TransitionBuilder:
                     final = float(value)
                 elif calls:
                     _call_before(calls, span.start_ns).rewards.append(float(value))
-            elif is_tool_span(span) and calls:
+            elif is_tool_span(span) and calls and not _seen_by_agl(span, recorded):
                 self._air_for_tool(span, calls)
 
         rows: list[tuple[_Call, Transition | None]] = []
@@ -338,6 +344,26 @@ def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:
                 call.spans.append(span)
             calls[outer.span_id] = call
     return sorted(calls.values(), key=lambda c: c.start)
+
+
+def _tool_calls_recorded_by_agl(spans: list[Span]) -> set[str]:
+    """Call ids of the tool calls that an agl plugin recorded (its span names the plugin)."""
+    return {str(s.attributes[semconv.GEN_AI_TOOL_CALL_ID]) for s in spans
+            if is_tool_span(s) and s.attributes.get(semconv.AGL_PLUGIN)
+            and s.attributes.get(semconv.GEN_AI_TOOL_CALL_ID)}
+
+
+def _seen_by_agl(span: Span, recorded: set[str]) -> bool:
+    """A framework's own span of a tool call an agl plugin recorded too: one call is one AIR signal.
+
+    Pydantic AI, AutoGen and others make ``execute_tool`` spans of their own on the user's provider;
+    agl collects those too, and its plugin's span of the same call says more (the outcome the model
+    was told), so that one is the call's.
+    """
+    if span.attributes.get(semconv.AGL_PLUGIN):
+        return False
+    call_id = span.attributes.get(semconv.GEN_AI_TOOL_CALL_ID)
+    return call_id is not None and str(call_id) in recorded
 
 
 def _call_before(calls: list[_Call], time_ns: int) -> _Call:

@@ -119,7 +119,8 @@ def test_all_installed_plugins_report_a_state() -> None:
     result = agl.instrument()
     try:
         installed = set(instrumentation.installed_plugins())
-        assert {"openai", "langchain", "openai_agents", "autogen", "crewai", "agent_framework"} <= installed
+        assert {"openai", "langchain", "openai_agents", "autogen", "crewai", "agent_framework",
+                "pydantic_ai"} <= installed
         assert set(result) | set(result.skipped) == installed
         assert "openai" in result  # the plain client ships with agl-core and openai is installed here
         assert all(reason for reason in result.skipped.values())
@@ -144,7 +145,7 @@ def test_opentelemetry_instrument_entry_points_are_registered() -> None:
 
     names = {ep.name for ep in entry_points(group="opentelemetry_instrumentor")}
     assert {"agl_openai", "agl_langchain", "agl_openai_agents", "agl_autogen", "agl_crewai",
-            "agl_agent_framework"} <= names
+            "agl_agent_framework", "agl_pydantic_ai"} <= names
 
 
 def test_import_is_thin() -> None:
@@ -155,7 +156,8 @@ def test_import_is_thin() -> None:
         import sys
         import agl_core
         heavy = ["openai", "torch", "fastapi", "uvicorn", "starlette", "langchain_core", "langchain", "crewai",
-                 "autogen_core", "autogen_agentchat", "agents", "agent_framework", "transformers", "pydantic", "httpx",
+                 "autogen_core", "autogen_agentchat", "agents", "agent_framework", "pydantic_ai", "transformers",
+                 "pydantic", "httpx",
                  "opentelemetry.sdk", "sqlite3", "verl", "ray"]
         print(",".join(m for m in heavy if m in sys.modules))
         """

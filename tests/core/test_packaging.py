@@ -29,6 +29,7 @@ DISTS: dict[str, tuple[str, str]] = {
     "agl-autogen": ("agl_autogen", "src"),
     "agl-crewai": ("agl_crewai", "src"),
     "agl-agent-framework": ("agl_agent_framework", "src"),
+    "agl-pydantic-ai": ("agl_pydantic_ai", "src"),
     "agl-trainer": ("agl_trainer", "trainer"),
 }
 
@@ -39,6 +40,7 @@ PLUGINS: dict[str, tuple[str, str]] = {  # distribution -> (plugin name, entry-p
     "agl-autogen": ("autogen", "agl_autogen:AutoGenInstrumentor"),
     "agl-crewai": ("crewai", "agl_crewai:CrewAIInstrumentor"),
     "agl-agent-framework": ("agent_framework", "agl_agent_framework:AgentFrameworkInstrumentor"),
+    "agl-pydantic-ai": ("pydantic_ai", "agl_pydantic_ai:PydanticAIInstrumentor"),
 }
 
 VERSION = "0.1.0"

@@ -270,3 +270,30 @@ def test_valid_or_absent_tool_call_blocks_in_the_text_are_not_penalised() -> Non
     spans = [llm(None, "q", valid, tools=tools), llm(None, "q2", "the answer is 4", tools=tools)]
     traj = TransitionBuilder(air=AirRules(malformed_tool_call=-0.5)).build(rollout(*spans))
     assert [t.reward for t in traj.transitions] == [None, None]
+
+
+def test_a_frameworks_own_span_of_a_tool_call_an_agl_plugin_recorded_counts_once_for_air() -> None:
+    # Pydantic AI's instrumentation makes an execute_tool span of its own beside agl's plugin's, same call id
+    a = llm(None, "q", calc_call("c1"), plugin="pydantic_ai")
+    ours = tool(None, "calc", "c1", "error", **{semconv.AGL_TOOL_STATUS: "error", semconv.AGL_PLUGIN: "pydantic_ai"})
+    theirs = tool(ours, "calc", "c1", "error", **{semconv.ERROR_TYPE: "ToolRetryError"})
+    unrecorded = tool(None, "calc", "c9", "error", **{semconv.ERROR_TYPE: "ValueError"})  # agl saw no span of it
+    b = llm(None, "q2", "done", plugin="pydantic_ai")
+    air = AirRules(tool_error=-0.5, tool_exception=-1.0)
+    traj = TransitionBuilder(air=air).build(rollout(a, ours, theirs, b))
+    assert [t.reward for t in traj.transitions] == [-0.5, None]
+    traj = TransitionBuilder(air=air).build(rollout(a, theirs, unrecorded, b))  # no agl span: theirs count
+    assert [t.reward for t in traj.transitions] == [-2.0, None]
+
+
+def test_a_frameworks_own_chat_span_around_agls_lends_no_messages() -> None:
+    # Pydantic AI's instrumentation wraps the model call in a chat span whose input lacks the instructions
+    root = agent("weather")
+    theirs = llm(root, "q", "a", plugin="")
+    del theirs.attributes[semconv.AGL_PLUGIN]
+    ours = llm(theirs, "q", "a")
+    ours.attributes[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(many_to_genai(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}]))
+    (t,) = TransitionBuilder().build(rollout(root, theirs, ours)).transitions
+    assert t.span_id == theirs.span_id and t.agent_name == "weather"  # the request is still the outer span's
+    assert t.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}]

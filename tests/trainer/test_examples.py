@@ -18,7 +18,8 @@ from agl_trainer.config import ConfigError, load_config, load_tasks
 from .conftest import ServerFactory
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ["sql_agent", "rag_agent", "calc_agent", "crewai_agent", "openai_client_agent", "agent_framework_agent"]
+EXAMPLES = ["sql_agent", "rag_agent", "calc_agent", "crewai_agent", "openai_client_agent", "agent_framework_agent",
+            "pydantic_ai_agent"]
 # what each example's BUILDER says (the framework suites check the BUILDERs themselves)
 RULES = {
     "sql_agent": ("writer|rewriter", {"tool_error": -0.5, "tool_exception": -0.5}),
@@ -27,6 +28,7 @@ RULES = {
     "crewai_agent": (None, {"tool_error": -0.3, "tool_exception": -0.3}),
     "openai_client_agent": (None, {"tool_error": -0.25, "tool_exception": -0.25, "malformed_tool_call": -0.25}),
     "agent_framework_agent": (None, {"tool_error": -0.3, "tool_exception": -0.3}),
+    "pydantic_ai_agent": (None, {"tool_error": -0.2, "tool_exception": -0.2}),
 }
 
 
@@ -127,12 +129,14 @@ def test_the_sql_example_through_the_gateway_trains_writer_and_rewriter(gateway_
 # --------------------------------------------------------------------------- agl train on an example's own config
 
 
-@pytest.mark.parametrize("name", ["openai_client_agent", "agent_framework_agent"])
+@pytest.mark.parametrize("name", ["openai_client_agent", "agent_framework_agent", "pydantic_ai_agent"])
 def test_agl_train_runs_an_example_config(tmp_path: Path, name: str) -> None:
     """``PYTHONPATH=. agl train examples/<name>/train.yaml`` with a tiny model built here: one real step, the
     example's agent leased from the queue, its calls through the gateway, the run's files written. The plain
-    client's agent, and the Agent Framework handoff desk (its calls reach the gateway through agl's ``openai``
-    plugin beneath the framework's client)."""
+    client's agent; the Agent Framework handoff desk (its calls reach the gateway through agl's ``openai``
+    plugin beneath the framework's client); the Pydantic AI quote desk (its calls go through Pydantic AI's
+    ``OpenAIChatModel`` and agl's ``pydantic_ai`` plugin: the gateway joins its token ids to them by the
+    ``traceparent`` the plugin sends)."""
     import os
     import subprocess
 
@@ -171,3 +175,6 @@ def test_agl_train_runs_an_example_config(tmp_path: Path, name: str) -> None:
                                                      [f"backend.model={tmp_path / 'policy'}"]))}
     assert len(rollouts) == 2 and all(r.status == "succeeded" and r.task["id"] in known for r in rollouts)
     assert {t.token_source for traj in trajectories for t in traj.transitions} == {"gateway"}
+    if name == "pydantic_ai_agent":  # every call of the Pydantic AI agent is the desk's, with the gateway's ids
+        assert {t.agent_name for traj in trajectories for t in traj.transitions} == {"desk"}
+        assert all(t.prompt_token_ids and t.response_token_ids for traj in trajectories for t in traj.transitions)

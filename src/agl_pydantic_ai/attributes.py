@@ -1,0 +1,442 @@
+"""Pydantic AI objects as GenAI span attributes: model requests and responses, tool calls and their outcomes.
+
+A Pydantic AI ``Model`` is handed the run's history as ``ModelRequest`` and
+``ModelResponse`` messages made of parts; transitions carry OpenAI chat
+messages, so :func:`input_messages` converts them the way Pydantic AI's own
+OpenAI chat model puts them on the wire: system prompts first, then the run's
+instructions (the newest request's ``instructions``) as a system message, user
+prompts, tool returns and tool retries as ``tool`` messages (a retry not bound
+to a tool call as a user message), and each response as one assistant message
+with its text, tool calls (output tools included: they are what the model
+called) and thinking as ``reasoning_content``. Parts are told apart by their
+``part_kind`` string, which Pydantic AI keeps stable across releases; a part of
+a kind chat has no equivalent of (a native tool's call, an instruction delta, a
+compaction marker) is left out rather than guessed.
+
+When the model talks to an OpenAI-compatible server through the ``openai``
+client, agl's ``openai`` plugin records the exact wire messages and token ids in
+its span, nested in this plugin's, and the transition reads those first; the
+conversion here is what a transition holds for every other model (a user's own
+``Model``, ``FunctionModel``, ``TestModel``, the Responses API).
+
+Everything here runs on the call's hot path: the attributes every call of one
+model class and name shares are built once, tool definitions once per
+``ToolDefinition`` (and their JSON once per set of tools), and a message already
+encoded on an earlier call of the run is not converted again (the agent re-sends
+the whole history on every call, holding the same message objects).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+from agl_core import semconv
+from agl_core.encoding import MessageMemo, dumps, sampling_attributes, span_text
+from agl_core.messages import to_genai
+
+Attributes = dict[str, Any]
+Message = dict[str, Any]
+
+PLUGIN = "pydantic_ai"
+AGENT_FALLBACK_NAME = "agent"
+"""The agent name of an agent nobody named (Pydantic AI's own spans use the same)."""
+
+GRAPH_NODE = "agl.pydantic_ai.graph.node"
+"""On a graph node's span: the node id (a ``BaseNode`` class name or a step's id)."""
+TOOL_KIND = "agl.pydantic_ai.tool.kind"
+"""On a tool span: ``function`` for a function tool, ``output`` for an output tool (structured output)."""
+TOOL_DEFERRED = "agl.pydantic_ai.tool.deferred"
+"""On a tool span: the call was deferred (``CallDeferred``, ``ApprovalRequired``) rather than run."""
+
+
+# --------------------------------------------------------------------------- per model
+
+
+_model_static: dict[tuple[type[Any], str | None], Attributes] = {}
+
+
+def _text_attr(obj: Any, name: str) -> str | None:
+    try:
+        value = getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - a property of a user's model class may raise: no value, then
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def model_name(model: Any) -> str | None:
+    """The model's name (``OpenAIChatModel("gpt-4o")`` says ``gpt-4o``; ``FunctionModel`` says ``function:...``)."""
+    return _text_attr(model, "model_name")
+
+
+def _static(model: Any) -> Attributes:
+    """The attributes every call through one model class and model name shares."""
+    name = model_name(model)
+    key = (type(model), name)
+    attrs = _model_static.get(key)
+    if attrs is None:
+        attrs = {
+            semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
+            semconv.GEN_AI_PROVIDER_NAME: _text_attr(model, "system") or "_OTHER",
+            semconv.AGL_PLUGIN: PLUGIN,
+        }
+        if name is not None:
+            attrs[semconv.GEN_AI_REQUEST_MODEL] = name
+        if len(_model_static) >= 256:
+            _model_static.clear()
+        _model_static[key] = attrs
+    return attrs
+
+
+# --------------------------------------------------------------------------- messages -> chat messages
+
+
+def _user_content(content: Any) -> Any:
+    """A user prompt's content as chat content: a string stays a string, a sequence becomes chat parts."""
+    if isinstance(content, str):
+        return content
+    parts: list[dict[str, Any]] = []
+    for item in content or ():
+        if isinstance(item, str):
+            parts.append({"type": "text", "text": item})
+            continue
+        kind = getattr(item, "kind", None)
+        if kind == "image-url":
+            parts.append({"type": "image_url", "image_url": {"url": item.url}})
+        elif kind == "binary" and getattr(item, "is_image", False):
+            parts.append({"type": "image_url", "image_url": {"url": item.data_uri}})
+        elif isinstance(getattr(item, "content", None), str):  # TextContent and its kin
+            parts.append({"type": "text", "text": item.content})
+        elif isinstance(getattr(item, "url", None), str):  # audio, video, document URLs
+            parts.append({"type": "text", "text": item.url})
+    return parts
+
+
+def _retry_text(part: Any) -> str:
+    for method in ("model_response", "model_response_str"):
+        fn = getattr(part, method, None)
+        if fn is not None:
+            text = fn()
+            return text if isinstance(text, str) else str(text)
+    return str(getattr(part, "content", ""))
+
+
+def _request_messages(request: Any) -> list[Message]:
+    """The chat messages one ``ModelRequest``'s parts become, in order."""
+    out: list[Message] = []
+    for part in request.parts:
+        kind = getattr(part, "part_kind", None)
+        if kind == "system-prompt":
+            out.append({"role": "system", "content": part.content})
+        elif kind == "user-prompt":
+            out.append({"role": "user", "content": _user_content(part.content)})
+        elif kind == "tool-return":
+            out.append({"role": "tool", "tool_call_id": part.tool_call_id, "content": part.model_response_str()})
+        elif kind in ("retry-prompt", "retry-feedback"):
+            call_id = getattr(part, "tool_call_id", None) if getattr(part, "tool_name", None) else None
+            if call_id:
+                out.append({"role": "tool", "tool_call_id": call_id, "content": _retry_text(part)})
+            else:
+                out.append({"role": "user", "content": _retry_text(part)})
+    return out
+
+
+def _tool_call(part: Any) -> dict[str, Any]:
+    return {"id": part.tool_call_id, "type": "function",
+            "function": {"name": part.tool_name, "arguments": part.args_as_json_str()}}
+
+
+def response_message(response: Any) -> Message:
+    """A ``ModelResponse`` as one OpenAI assistant message: text, tool calls (output tools too), reasoning."""
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for part in response.parts:
+        kind = getattr(part, "part_kind", None)
+        if kind == "text":
+            if part.content:
+                texts.append(part.content)
+        elif kind == "tool-call":
+            calls.append(_tool_call(part))
+        elif kind == "thinking":
+            if part.content:
+                thoughts.append(part.content)
+    message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    if thoughts:
+        message["reasoning_content"] = "\n".join(thoughts)
+    return message
+
+
+def _message(message: Any) -> list[Message]:
+    if getattr(message, "kind", None) == "response":
+        return [response_message(message)]
+    return _request_messages(message)
+
+
+def _instructions(messages: list[Any]) -> str | None:
+    """The run's instructions as the model is given them: those of the newest request."""
+    for message in reversed(messages):
+        if getattr(message, "kind", None) == "request":
+            text = getattr(message, "instructions", None)
+            return text if isinstance(text, str) and text else None
+    return None
+
+
+def input_messages(messages: Any) -> list[Message]:
+    """The chat messages a model request was given: the history's messages, instructions after the system prompts."""
+    history = list(messages or ())
+    out: list[Message] = []
+    for message in history:
+        out.extend(_message(message))
+    instructions = _instructions(history)
+    if instructions is not None:
+        at = 0
+        while at < len(out) and out[at]["role"] == "system":
+            at += 1
+        out.insert(at, {"role": "system", "content": instructions})
+    return out
+
+
+class _Alive:
+    """The last part of a memo key: holds the keyed objects, so their ids stay theirs while the key lives.
+
+    Two live objects never share an id, so keys whose ids are equal name the same objects: this part
+    always compares equal (and hashes alike), and a lookup costs no Python-level comparison beyond it.
+    """
+
+    __slots__ = ("objects",)
+
+    def __init__(self, objects: tuple[Any, ...]) -> None:
+        self.objects = objects
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Alive)
+
+
+def _memo_key(message: Any) -> Hashable | None:
+    """The same message object with the same parts (a run re-sends its history, holding the same objects)."""
+    parts = getattr(message, "parts", None)
+    if not isinstance(parts, (list, tuple)):
+        return None
+    return (id(message), *map(id, parts), _Alive((message, *parts)))
+
+
+def _message_json(message: Any) -> str:
+    return ",".join(dumps(to_genai(m)) for m in _message(message))
+
+
+_memo = MessageMemo(_memo_key, _message_json)
+
+
+def _first_key(first: tuple[Any, str]) -> Hashable | None:
+    key = _memo_key(first[0])
+    return None if key is None else (key, first[1])
+
+
+def _first_json(first: tuple[Any, str]) -> str:
+    """The run's first request with the instructions after its system prompts, as ``input_messages`` puts them."""
+    head = _message(first[0])
+    at = 0
+    while at < len(head) and head[at]["role"] == "system":
+        at += 1
+    head.insert(at, {"role": "system", "content": first[1]})
+    return ",".join(dumps(to_genai(m)) for m in head)
+
+
+_first_memo = MessageMemo(_first_key, _first_json)
+
+
+def input_messages_json(messages: Any) -> str:
+    """``gen_ai.input.messages``: the same JSON as ``dumps(many_to_genai(input_messages(messages)))``.
+
+    The instructions go after the system prompts, which Pydantic AI puts in the run's first request:
+    that request is encoded with them (and remembered with them), every later message on its own.
+    """
+    history = list(messages or ())
+    instructions = _instructions(history)
+    if instructions is None or not history:
+        return _memo.encode(history)
+    first = history[0]
+    if getattr(first, "kind", None) != "request" or all(
+            getattr(p, "part_kind", None) == "system-prompt" for p in first.parts):
+        return dumps([to_genai(m) for m in input_messages(history)])  # later system prompts may lead as well
+    head = _first_memo.encode(((first, instructions),))
+    rest = _memo.encode(history[1:])
+    return head if rest == "[]" else f"{head[:-1]},{rest[1:]}"
+
+
+# --------------------------------------------------------------------------- tools offered
+
+
+_tool_defs: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(ToolDefinition) -> (it, chat definition)
+
+
+def _tool_definition(tool: Any) -> dict[str, Any]:
+    hit = _tool_defs.get(id(tool))
+    if hit is not None and hit[0] is tool:
+        return hit[1]
+    definition = {"type": "function", "function": {
+        "name": tool.name, "description": getattr(tool, "description", None) or "",
+        "parameters": getattr(tool, "parameters_json_schema", None) or {}}}
+    if len(_tool_defs) >= 1024:
+        _tool_defs.clear()
+    _tool_defs[id(tool)] = (tool, definition)
+    return definition
+
+
+_tools_json: dict[tuple[int, ...], tuple[list[dict[str, Any]], str]] = {}
+
+
+def tool_definitions_json(params: Any) -> str | None:
+    """``gen_ai.tool.definitions``: the function tools and the output tools offered, or None when there are none."""
+    tools = [*(getattr(params, "function_tools", None) or ()), *(getattr(params, "output_tools", None) or ())]
+    if not tools:
+        return None
+    defs = [_tool_definition(t) for t in tools]
+    key = tuple(map(id, defs))
+    hit = _tools_json.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], defs, strict=True)):
+        return hit[1]
+    text = dumps(defs)
+    if len(_tools_json) >= 256:
+        _tools_json.clear()
+    _tools_json[key] = (defs, text)  # holding the definitions keeps their ids from being reused
+    return text
+
+
+# --------------------------------------------------------------------------- requests and responses
+
+
+def request_attributes(model: Any, messages: Any, settings: Any, params: Any, stream: bool) -> Attributes:
+    """The chat span's start attributes for one ``Model.request`` / ``request_stream`` call."""
+    attrs = dict(_static(model))
+    attrs[semconv.GEN_AI_REQUEST_STREAM] = stream
+    if isinstance(settings, Mapping):
+        sampling_attributes(settings.get, attrs)
+    attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages)
+    tools = tool_definitions_json(params)
+    if tools is not None:
+        attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = tools
+    return attrs
+
+
+_FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter", "tool_call": "tool_calls",
+           "error": "error"}
+
+
+def _finish_reason(response: Any, message: Message) -> str | None:
+    reason = getattr(response, "finish_reason", None)
+    if isinstance(reason, str):
+        return _FINISH.get(reason, reason)
+    return None
+
+
+def response_attributes(response: Any, request_model: str | None) -> Attributes:
+    """The chat span's end attributes from a ``ModelResponse`` (what ``request`` returns, or a stream's ``get()``)."""
+    attrs: Attributes = {}
+    name = _text_attr(response, "model_name") or request_model
+    if name is not None:
+        attrs[semconv.GEN_AI_RESPONSE_MODEL] = name
+    response_id = _text_attr(response, "provider_response_id")
+    if response_id is not None:
+        attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
+    usage = getattr(response, "usage", None)
+    for key, attr in (("input_tokens", semconv.GEN_AI_USAGE_INPUT_TOKENS),
+                      ("output_tokens", semconv.GEN_AI_USAGE_OUTPUT_TOKENS)):
+        value = getattr(usage, key, None)
+        if type(value) is int:
+            attrs[attr] = value
+    message = response_message(response)
+    reason = _finish_reason(response, message)
+    attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = dumps([to_genai(message, reason)])
+    if reason is not None:
+        attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (reason,)
+    return attrs
+
+
+def unfinished(response: Any) -> bool:
+    """A streamed response whose stream ended before the model finished (closed early, interrupted)."""
+    state = getattr(response, "state", "complete")
+    return isinstance(state, str) and state not in ("complete", "suspended")
+
+
+# --------------------------------------------------------------------------- agents, graph nodes, tools
+
+
+def agent_name(agent: Any) -> str:
+    return _text_attr(agent, "name") or AGENT_FALLBACK_NAME
+
+
+def agent_attributes(name: str) -> Attributes:
+    return {semconv.GEN_AI_OPERATION_NAME: semconv.OP_INVOKE_AGENT, semconv.GEN_AI_AGENT_NAME: name,
+            semconv.AGL_PLUGIN: PLUGIN}
+
+
+def node_attributes(node_id: str) -> Attributes:
+    attrs = agent_attributes(node_id)
+    attrs[GRAPH_NODE] = node_id
+    return attrs
+
+
+def tool_start_attributes(call: Any, kind: str, agent: str | None) -> Attributes:
+    """The tool span's start attributes from the model's ``ToolCallPart``."""
+    attrs: Attributes = {semconv.GEN_AI_OPERATION_NAME: semconv.OP_EXECUTE_TOOL, semconv.GEN_AI_TOOL_TYPE: "function",
+                         semconv.AGL_PLUGIN: PLUGIN, TOOL_KIND: kind}
+    name = getattr(call, "tool_name", None)
+    if isinstance(name, str):
+        attrs[semconv.GEN_AI_TOOL_NAME] = name
+    call_id = getattr(call, "tool_call_id", None)
+    if isinstance(call_id, str) and call_id:
+        attrs[semconv.GEN_AI_TOOL_CALL_ID] = call_id
+    attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = span_text(call.args_as_json_str())
+    if agent:
+        attrs[semconv.GEN_AI_AGENT_NAME] = agent
+    return attrs
+
+
+def tool_ok_attributes(result: Any) -> Attributes:
+    attrs: Attributes = {semconv.AGL_TOOL_STATUS: semconv.TOOL_OK}
+    if result is not None:
+        attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = span_text(result)
+    return attrs
+
+
+def _chain(exc: BaseException) -> Iterable[BaseException]:
+    """``exc`` and what it was raised from or while handling (a timeout re-raised ``from None`` included)."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 16:
+        yield current
+        current = current.__cause__ or current.__context__
+        seen += 1
+
+
+def tool_failure(exc: BaseException, retry_types: tuple[type[BaseException], ...],
+                 deferral_types: tuple[type[BaseException], ...]) -> tuple[str | None, str, str | None]:
+    """How a tool call failed: ``(agl.tool.status, error.type, what the model is told)``.
+
+    A retry the model is asked for (the tool raised ``ModelRetry`` or ``ToolFailed``, its arguments failed
+    validation, it named no known tool) is ``error``; one whose chain holds a ``TimeoutError`` (Pydantic AI
+    turns a tool's timeout into a retry) is ``timeout``; a deferral (``CallDeferred``, ``ApprovalRequired``) is
+    no failure (status None); anything else is ``exception``, named by its type.
+    """
+    if isinstance(exc, deferral_types):
+        return None, type(exc).__name__, None
+    chain = list(_chain(exc))
+    told = getattr(exc, "tool_retry", None) or getattr(exc, "tool_failed", None)
+    if any(isinstance(e, TimeoutError) for e in chain):
+        status, error_type = semconv.TOOL_TIMEOUT, "TimeoutError"
+    elif any(isinstance(e, retry_types) for e in chain):
+        # what the tool or the framework raised beneath the retry wrapper, else why the framework retried
+        beneath = [e for e in chain[1:] if isinstance(e, Exception)]
+        cause = getattr(getattr(told, "retry", None), "cause", None)
+        status = semconv.TOOL_ERROR
+        error_type = type(beneath[0]).__name__ if beneath else cause if isinstance(cause, str) else type(exc).__name__
+    else:
+        return semconv.TOOL_EXCEPTION, type(exc).__name__, None
+    return status, error_type, _retry_text(told) if told is not None else None
