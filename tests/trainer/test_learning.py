@@ -38,7 +38,7 @@ KEY, PRIZE = "k1", "p2"
 ACTIONS = ["k1", "k2", "p1", "p2"]
 TARGET = 0.8
 """Mean return over the last two steps; a run that guesses scores 0.25 (discounted: 0.24)."""
-MAX_STEPS = 14
+MAX_STEPS = 20
 
 
 def two_calls(task: dict[str, Any]) -> float:
@@ -59,7 +59,7 @@ def train(folder: Path, dtype: Any, credit: str) -> tuple[list[Any], TorchBacken
     served = build_model(tokenizer, spec, seed=0, hidden=32, layers=1).to(dtype)
     engine = TorchEngine(served, tokenizer, name="tiny", seed=0, max_batch=16, batch_wait_s=0.003,
                          default_max_tokens=1)
-    backend = TorchBackend(copy.deepcopy(served), TorchConfig(lr=1e-2, epochs=2, minibatches=2),
+    backend = TorchBackend(copy.deepcopy(served), TorchConfig(lr=5e-3, epochs=2, minibatches=2),
                            pad_id=tokenizer.pad_token_id)
     server = TrainerServer(ServerConfig(db_path=str(folder / f"{credit}-{dtype}.db"), port=0,
                                         builder=TransitionBuilder(credit=credit, gamma=0.9),  # type: ignore[arg-type]
