@@ -113,7 +113,10 @@ class VerlConfig(_Section):
     tensor_parallel_size: PosInt = 1
     gpu_memory_utilization: Annotated[Float, Field(gt=0.0, le=1.0)] = 0.6
     ppo_mini_batch_size: PosInt = 16
+    """Tasks per mini-batch (x ``data.group_size`` rows); a step of fewer tasks is one mini-batch of them all."""
     ppo_micro_batch_size_per_gpu: PosInt = 4
+    log_prob_micro_batch_size_per_gpu: PosInt | None = None
+    """Rows per GPU in one forward of the old and the reference logprobs (None: ``ppo_micro_batch_size_per_gpu``)."""
     advantages: Literal["agl", "grpo", "rloo"] = "agl"
     """agl: agl's per-rollout group advantages (LightningRL); grpo/rloo: verl's estimators on the scores."""
     overrides: list[str] = Field(default_factory=list)

@@ -69,8 +69,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agl.trainer")
 
-__all__ = ["LOSS_MODE", "DataProtoStats", "compose_verl_config", "data_proto_fields", "launch", "sampler_agreement",
-           "signal_problems", "step_config", "to_data_proto", "verl_gateway_config", "verl_overrides"]
+__all__ = ["LOSS_MODE", "DataProtoStats", "RolloutStage", "batch_problems", "check_verl_config", "compose_verl_config",
+           "data_proto_fields", "launch", "sampler_agreement", "signal_problems", "step_config", "to_data_proto",
+           "verl_gateway_config", "verl_overrides"]
 
 LOSS_MODE = "agl_per_rollout"
 """agl's per-rollout policy loss in verl's registry (:mod:`agl_trainer.verl_loss`, which needs verl to import)."""
@@ -254,6 +255,8 @@ def verl_overrides(config: Config) -> list[str]:
     def flag(value: bool) -> str:
         return "true" if value else "false"
 
+    log_prob_micro = v.log_prob_micro_batch_size_per_gpu or v.ppo_micro_batch_size_per_gpu
+
     out = [
         f"actor_rollout_ref.model.path={b.model}",
         f"actor_rollout_ref.rollout.name={v.rollout_engine}",
@@ -271,8 +274,12 @@ def verl_overrides(config: Config) -> list[str]:
         f"actor_rollout_ref.actor.use_kl_loss={flag(a.kl_coef > 0)}",
         f"actor_rollout_ref.actor.kl_loss_coef={a.kl_coef}",
         f"actor_rollout_ref.actor.ppo_epochs={b.epochs}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={v.ppo_mini_batch_size}",
+        # a mini-batch holds at most the step's tasks: verl refuses one larger than its train_batch_size
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={min(v.ppo_mini_batch_size, config.data.tasks_per_step)}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={v.ppo_micro_batch_size_per_gpu}",
+        # the old and the reference logprobs: verl's validate_config wants a micro-batch for each
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={log_prob_micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={log_prob_micro}",
         # each rollout one unit of loss however many rows it has, padding none (agl_trainer.verl_loss); verl's
         # own KL and entropy terms are token means; mini-batches keep the order data_proto_fields laid out
         f"actor_rollout_ref.actor.policy_loss.loss_mode={LOSS_MODE}",
@@ -325,6 +332,53 @@ def signal_problems(verl_cfg: Any, config: Config) -> list[str]:
     return out
 
 
+def batch_problems(verl_cfg: Any) -> list[str]:
+    """What in verl's batch sizes the first update would stop on after the cluster started (verl checks it late).
+
+    Each of verl's mini-batches (``ppo_mini_batch_size x rollout.n`` rows, as :func:`data_proto_fields`
+    lays them out) is split evenly over its data-parallel ranks.
+    """
+    actor, rollout, trainer = verl_cfg.actor_rollout_ref.actor, verl_cfg.actor_rollout_ref.rollout, verl_cfg.trainer
+    gpus = int(trainer.nnodes) * int(trainer.n_gpus_per_node)
+    dp_size = max(1, gpus // int(actor.get("ulysses_sequence_parallel_size", 1) or 1))
+    rows = int(actor.ppo_mini_batch_size) * int(rollout.n)
+    if rows % dp_size:
+        return [f"a mini-batch of {actor.ppo_mini_batch_size} tasks x {rollout.n} rollouts is {rows} rows, which "
+                f"{dp_size} data-parallel GPUs cannot share evenly; make backend.verl.ppo_mini_batch_size x "
+                "data.group_size a multiple of nnodes x n_gpus_per_node"]
+    return []
+
+
+def check_verl_config(config: Config) -> Any:
+    """verl's composed config of ``config``, checked as verl's own trainer checks it; :class:`ConfigError` if not.
+
+    Hydra's compose (a key verl lacks), :func:`signal_problems`, :func:`batch_problems`, then verl's own
+    ``validate_config`` (batch and micro-batch sizes of the actor, rollout and reference): what verl would
+    refuse inside its Ray actor after the cluster started fails here, on any machine with verl. Needs verl.
+    """
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from agl_trainer.config import ConfigError
+
+    try:
+        verl_cfg = compose_verl_config(verl_overrides(config))
+    except Exception as exc:  # noqa: BLE001 - Hydra's errors name verl's key; say which agl key carried it
+        raise ConfigError("backend.verl.overrides", f"verl's config refused it: {exc}") from None
+    for key, problems in (("backend.verl.overrides", signal_problems(verl_cfg, config)),
+                          ("backend.verl", batch_problems(verl_cfg))):
+        if problems:
+            raise ConfigError(key, "; ".join(problems))
+    try:
+        validate_config(config=verl_cfg, use_reference_policy=need_reference_policy(verl_cfg),
+                        use_critic=need_critic(verl_cfg))
+    except (AssertionError, ValueError) as exc:
+        raise ConfigError("backend.verl", f"verl's validate_config refused it: {exc}") from None
+    except ImportError as exc:  # its LoRA check asks vLLM for the ranks it supports
+        raise ConfigError("backend.verl", f"verl's validate_config needs {exc.name or exc} here") from None
+    return verl_cfg
+
+
 def step_config(config: Config) -> Any:
     """The :class:`~agl_trainer.training.TrainConfig` of the score and rows stages, as the torch backend's."""
     from agl_trainer.training import TrainConfig
@@ -375,13 +429,7 @@ def launch(config: Config) -> TrainOutcome:
     except ImportError as exc:
         raise ConfigError("backend.name", f"verl needs the verl and ray packages on this machine ({exc}); "
                                           "see docs/verl.md") from None
-    try:
-        verl_cfg = compose_verl_config(verl_overrides(config))
-    except Exception as exc:  # noqa: BLE001 - Hydra's errors name verl's key; say which agl key carried it
-        raise ConfigError("backend.verl.overrides", f"verl's config refused it: {exc}") from None
-    problems = signal_problems(verl_cfg, config)
-    if problems:
-        raise ConfigError("backend.verl.overrides", "; ".join(problems))
+    verl_cfg = check_verl_config(config)
     tasks = load_tasks(config)
     started = time.monotonic()
     if not ray.is_initialized():
@@ -449,6 +497,52 @@ class _Placeholder:
         return {}
 
 
+class RolloutStage:
+    """Stage 2, roll out: one GRPO group of ``group_size`` rollouts per task of the step, on agl's task queue.
+
+    Task ids carry this run's id (``{run_id}-s{step}-t{j}``), new for every ``agl train``: the
+    queue keeps every id it was given, so a rerun or a resume over the same ``server.db`` (whose
+    steps start again at 1, or at verl's checkpoint) enqueues ids of its own.
+    """
+
+    def __init__(self, link: Any, tasks: Sequence[Any], *, tasks_per_step: int, group_size: int, max_attempts: int,
+                 timeout_s: float, run_id: str | None = None, poll_s: float = 0.1) -> None:
+        import uuid
+
+        if not tasks:
+            raise ValueError("tasks is empty: nothing to roll out")
+        self.link = link
+        self.tasks = list(tasks)
+        self.tasks_per_step = tasks_per_step
+        self.group_size = group_size
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.poll_s = poll_s
+
+    def task_ids(self, step: int) -> list[str]:
+        return [f"{self.run_id}-s{step}-t{j}" for j in range(self.tasks_per_step)]
+
+    def step(self, step: int) -> tuple[list[Any], list[str], int]:
+        """Step ``step``'s (from 1) trajectories, the errors of the rollouts whose agent raised, the failed tasks."""
+        j0 = (step - 1) * self.tasks_per_step
+        batch = [self.tasks[(j0 + j) % len(self.tasks)] for j in range(self.tasks_per_step)]
+        ids = self.link.enqueue(batch, self.task_ids(step), repeat=self.group_size, max_attempts=self.max_attempts)
+        pending, done = list(ids), []
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            finished = self.link.finished(pending)
+            done += [r for r in finished.values() if r]
+            pending = [t for t in pending if t not in finished]
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(pending)} rollouts of step {step} did not finish within "
+                                       f"{self.timeout_s:g} s: are the workers running?")
+                time.sleep(self.poll_s)
+        trajectories, errors = self.link.trajectories(done)
+        return trajectories, errors, len(ids) - len(done)
+
+
 def sampler_agreement(trainer_logp: Any, sampler_logp: Any, mask: Any, *, recorded: Any = None) -> dict[str, float]:
     """``ratio_first_mean``/``_min``/``_max`` and ``sampler_kl`` of verl's old logprobs against the gateway's.
 
@@ -494,6 +588,8 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     thread = ServerThread(server).start()
     url = f"http://{socket.gethostbyname(socket.gethostname())}:{thread.url.rsplit(':', 1)[1]}"
     link = LocalServer(server, engine=None)
+    rollouts = RolloutStage(link, tasks, tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size,
+                            max_attempts=config.server.max_attempts, timeout_s=config.run.step_timeout_s)
     # 2. the agent's workers, as Ray actors on the cluster
     threading.Thread(target=run_on_ray, args=("auto", url, config.agent), daemon=True,
                      kwargs={"actors": config.workers.count, "token": token, "actor_cpus": config.workers.actor_cpus,
@@ -514,20 +610,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
         for step in range(first, config.run.steps + 1):
             trainer.global_steps = step
             started = time.perf_counter()
-            j0 = (step - 1) * config.data.tasks_per_step
-            batch_tasks = [tasks[(j0 + j) % len(tasks)] for j in range(config.data.tasks_per_step)]
-            ids = link.enqueue(batch_tasks, [f"verl-s{step}-t{j}" for j in range(len(batch_tasks))], repeat=n,
-                               max_attempts=config.server.max_attempts)
-            pending, done = list(ids), []
-            deadline = time.monotonic() + config.run.step_timeout_s
-            while pending:
-                finished = link.finished(pending)
-                done += [r for r in finished.values() if r]
-                pending = [t for t in pending if t not in finished]
-                if pending and time.monotonic() > deadline:
-                    raise TimeoutError(f"{len(pending)} rollouts of step {step} did not finish in time")
-                time.sleep(0.1)
-            trajectories, errors = link.trajectories(done)
+            trajectories, errors, failed_tasks = rollouts.step(step)
             collected = time.perf_counter()
             # 3. score, rows: the torch backend's stage, on the builder's whole-run credit
             scored = score_batch(trajectories, step_cfg)
@@ -569,7 +652,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
             rollout_s = collected - started
             result = StepResult(step=step, reward=adv_stats.mean_return, final_reward=adv_stats.mean_return,
                                 rollouts=len(trajectories), failed_rollouts=len(errors),
-                                failed_tasks=len(ids) - len(done),
+                                failed_tasks=failed_tasks,
                                 transitions=row_stats.transitions, rows=row_stats.rows, merged=row_stats.merged,
                                 prefix_mismatches=row_stats.prefix_mismatches, rollout_s=rollout_s,
                                 update_s=time.perf_counter() - collected,
