@@ -167,7 +167,8 @@ AS_SENT: list[dict[str, Any]] = [
     {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
     {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "18C"}, {"type": "text", "text": "sunny"}]},
+    {"role": "tool", "tool_call_id": "c1",
+     "content": [{"type": "text", "text": "18C"}, {"type": "text", "text": "sunny"}]},
 ]
 
 
