@@ -38,7 +38,7 @@ from typing import Any
 
 import click
 
-from agl_trainer.config import Config, ConfigError, load_config, load_tasks
+from agl_trainer.config import Config, ConfigError, code_builder, load_config, load_tasks, transition_builder
 
 __all__ = ["TrainOutcome", "main", "run_training", "train"]
 
@@ -132,7 +132,7 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
     if config.backend.threads:
         torch.set_num_threads(config.backend.threads)
     torch.manual_seed(config.run.seed)
-    builder = _builder(config)
+    builder = transition_builder(config, code_builder(config))
     token = config.server.token or os.environ.get("AGL_TOKEN") or None
     local = None
     engine: Any = None
@@ -209,23 +209,6 @@ def _check_remote_sampling(link: Any, temperature: float) -> None:
         raise ConfigError("server.url", f"the server's gateway does not sample as this run trains ({shown}): its "
                           f"recorded logprobs would not be of softmax(logits / {temperature:g}); start it with "
                           f"`agl serve ... --train-temperature {temperature:g}` (algorithm.temperature)")
-
-
-def _builder(config: Config) -> Any:
-    from agl_core.transitions import AirRules, TransitionBuilder
-    from agl_core.worker import load_agent
-
-    air = AirRules(**config.air.model_dump())
-    credit: Any = config.credit.method
-    if credit == "custom":
-        try:
-            credit = load_agent(str(config.credit.function))
-        except ValueError as exc:
-            raise ConfigError("credit.function", str(exc)) from None
-    kwargs: dict[str, Any] = {"air": air, "credit": credit, "gamma": config.credit.gamma}
-    if config.agent_match is not None:
-        kwargs["agent_match"] = config.agent_match
-    return TransitionBuilder(**kwargs)
 
 
 def _torch_backend(config: Config) -> tuple[Any, Any]:
@@ -361,8 +344,8 @@ def _train_config(config: Config, folder: str) -> Any:
     from agl_trainer.training import TrainConfig
 
     a = config.algorithm
-    # credit=None: the builder (``_builder``: credit.method, credit.gamma) credits every call of the run, trained
-    # or not, before agent_match picks the trained ones; crediting here again would see the trained calls alone
+    # credit=None: the builder (``transition_builder``: credit.method, credit.gamma) credits every call of the run,
+    # trained or not, before agent_match picks the trained ones; crediting here again would see the trained calls alone
     return TrainConfig(tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size, credit=None,
                        gamma=config.credit.gamma, scale_advantages=a.scale_advantages, row_mode=a.row_mode,
                        step_timeout_s=config.run.step_timeout_s, max_attempts=config.server.max_attempts,
