@@ -144,6 +144,7 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
                             timeout=config.run.step_timeout_s)
         url = link.url
         _check_remote_sampling(link, float(config.algorithm.temperature or 1.0))
+        _join_remote_builder(link, builder)
     backend, tokenizer = _torch_backend(config)
     if link is None:
         local, engine = _local_server(config, builder, token, tokenizer)
@@ -211,6 +212,17 @@ def _check_remote_sampling(link: Any, temperature: float) -> None:
                           f"`agl serve ... --train-temperature {temperature:g}` (algorithm.temperature)")
 
 
+def _join_remote_builder(link: Any, builder: Any) -> None:
+    """The server builds the stored transitions its dashboard and exports show: with this run's builder, or refused."""
+    from agl_core.errors import AglError
+
+    try:
+        link.join_builder(builder, "agl train's config and the agent's @agl.rollout_fn builder")
+    except (AglError, ValueError) as exc:
+        link.close()
+        raise ConfigError("server.url", f"the server does not build transitions as this run trains: {exc}") from None
+
+
 def _torch_backend(config: Config) -> tuple[Any, Any]:
     """The model being trained (loaded from ``backend.model``) in a TorchBackend, and its tokenizer."""
     import torch
@@ -265,6 +277,7 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
     server_config = ServerConfig(db_path=config.path(config.server.db), host=config.server.host,
                                  port=config.server.port, token=token, max_attempts=config.server.max_attempts,
                                  lease_timeout_s=config.server.lease_timeout_s, builder=builder,
+                                 builder_source="agl train (its config and the agent's @agl.rollout_fn builder)",
                                  gateway=GatewayConfig(sampling_overrides=overrides))
     server = TrainerServer(server_config, engine)
     return _Local(server, ServerThread(server).start()), engine
