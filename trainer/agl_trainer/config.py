@@ -23,8 +23,8 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
     credit:
       method: final              # final | discounted | custom
       gamma: 1.0
-    agent_match: "writer|rewriter"
-    air: {tool_error: -0.1, tool_exception: -0.1}
+    agent_match: "writer|rewriter"  # a regex searched in the agent name ("write": write_query and rewrite_query)
+    air: {tool_error: -0.1, tool_exception: -0.1}   # custom: my_pkg.rewards:tool_said_error, (span) -> reward | None
     workers: {count: 4}          # or {count: 8, ray: "auto"}; count 0: run `agl worker` yourself
     server: {host: 127.0.0.1, port: 0, db: agl.db}    # or {url: "http://host:8000", token: ...}
     run: {steps: 100, dir: agl-train}
@@ -61,8 +61,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 
 __all__ = [
     "AirConfig", "AlgorithmConfig", "BackendConfig", "Config", "ConfigError", "CreditConfig", "DataConfig",
-    "LoraConfig", "RunConfig", "ServerSection", "VerlConfig", "WorkersConfig", "apply_overrides", "load_config",
-    "load_tasks",
+    "LoraConfig", "RunConfig", "ServerSection", "VerlConfig", "WorkersConfig", "apply_overrides", "code_builder",
+    "load_config", "load_tasks", "transition_builder",
 ]
 
 
@@ -170,6 +170,9 @@ class AirConfig(_Section):
     tool_exception: Float | None = None
     tool_timeout: Float | None = None
     malformed_tool_call: Float | None = None
+    custom: Annotated[str, Field(pattern=_AGENT)] | None = None
+    """``pkg.module:function``, ``function(span) -> reward | None``, called with every tool span (a tool that
+    reports failure as an ``"Error: ..."`` string with an ok status is the usual case)."""
 
 
 class WorkersConfig(_Section):
@@ -214,7 +217,8 @@ class Config(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     credit: CreditConfig = Field(default_factory=CreditConfig)
     agent_match: str | None = None
-    """Regex of the agent names whose LLM calls are trained (None: every call)."""
+    """Regex searched in the agent names whose LLM calls are trained (``re.search``, Agent Lightning's semantics:
+    ``write`` selects ``write_query`` and ``rewrite_query``; ``^writer$`` one name); None: every call."""
     air: AirConfig = Field(default_factory=AirConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     server: ServerSection = Field(default_factory=ServerSection)
@@ -360,7 +364,8 @@ def check(config: Config) -> None:
                                                "Hugging Face model folder)")
         if not os.path.exists(os.path.join(model, "config.json")):
             raise ConfigError("backend.model", f"{model} has no config.json: not a Hugging Face model folder")
-    for key, spec in (("agent", config.agent), ("credit.function", config.credit.function)):
+    for key, spec in (("agent", config.agent), ("credit.function", config.credit.function),
+                      ("air.custom", config.air.custom)):
         if spec is None:
             continue
         module = spec.partition(":")[0]
@@ -370,6 +375,47 @@ def check(config: Config) -> None:
             found = None
         if found is None:
             raise ConfigError(key, f"no module {module!r} to import (for {spec}); is it on PYTHONPATH?")
+
+
+def transition_builder(config: Config, code: Any = None) -> Any:
+    """The run's ``TransitionBuilder``: the config's ``agent_match``, ``air`` and ``credit``, joined with ``code``.
+
+    ``code`` is the builder the agent's ``@agl.rollout_fn(builder=...)`` was given (:func:`code_builder`):
+    one source of truth for what is trained, so a key that both set to different values is a
+    :class:`ConfigError` at start, naming both values.
+    """
+    from agl_core.errors import SchemaError
+    from agl_core.transitions import AirRules, BuilderConflict, TransitionBuilder, load_function, merge_builders
+
+    rules: dict[str, Any] = config.air.model_dump(exclude={"custom"})
+    try:
+        if config.air.custom is not None:
+            rules["custom"] = load_function(config.air.custom, "air.custom")
+        credit: Any = config.credit.method
+        if credit == "custom":
+            credit = load_function(str(config.credit.function), "credit.function")
+    except SchemaError as exc:
+        raise ConfigError(exc.field, exc.problem) from None
+    kwargs: dict[str, Any] = {"air": AirRules(**rules), "credit": credit, "gamma": config.credit.gamma}
+    if config.agent_match is not None:
+        kwargs["agent_match"] = config.agent_match
+    ours = TransitionBuilder(**kwargs)
+    try:
+        return merge_builders(code, ours, names=(f"the agent's @agl.rollout_fn builder ({config.agent})",
+                                                 "the config"))
+    except BuilderConflict as exc:
+        raise ConfigError(exc.conflicts[0][0], str(exc)) from None
+
+
+def code_builder(config: Config) -> Any:
+    """The builder the agent's ``@agl.rollout_fn(builder=...)`` was given, or None (imports the agent's module)."""
+    from agl_core.worker import load_agent
+
+    try:
+        agent = load_agent(config.agent)
+    except ValueError as exc:
+        raise ConfigError("agent", str(exc)) from None
+    return getattr(agent, "builder", None)
 
 
 def load_tasks(config: Config) -> list[Any]:

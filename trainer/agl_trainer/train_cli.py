@@ -38,7 +38,7 @@ from typing import Any
 
 import click
 
-from agl_trainer.config import Config, ConfigError, load_config, load_tasks
+from agl_trainer.config import Config, ConfigError, code_builder, load_config, load_tasks, transition_builder
 
 __all__ = ["TrainOutcome", "main", "run_training", "train"]
 
@@ -132,7 +132,7 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
     if config.backend.threads:
         torch.set_num_threads(config.backend.threads)
     torch.manual_seed(config.run.seed)
-    builder = _builder(config)
+    builder = transition_builder(config, code_builder(config))
     token = config.server.token or os.environ.get("AGL_TOKEN") or None
     local = None
     engine: Any = None
@@ -144,6 +144,7 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
                             timeout=config.run.step_timeout_s)
         url = link.url
         _check_remote_sampling(link, float(config.algorithm.temperature or 1.0))
+        _join_remote_builder(link, builder)
     backend, tokenizer = _torch_backend(config)
     if link is None:
         local, engine = _local_server(config, builder, token, tokenizer)
@@ -211,21 +212,15 @@ def _check_remote_sampling(link: Any, temperature: float) -> None:
                           f"`agl serve ... --train-temperature {temperature:g}` (algorithm.temperature)")
 
 
-def _builder(config: Config) -> Any:
-    from agl_core.transitions import AirRules, TransitionBuilder
-    from agl_core.worker import load_agent
+def _join_remote_builder(link: Any, builder: Any) -> None:
+    """The server builds the stored transitions its dashboard and exports show: with this run's builder, or refused."""
+    from agl_core.errors import AglError
 
-    air = AirRules(**config.air.model_dump())
-    credit: Any = config.credit.method
-    if credit == "custom":
-        try:
-            credit = load_agent(str(config.credit.function))
-        except ValueError as exc:
-            raise ConfigError("credit.function", str(exc)) from None
-    kwargs: dict[str, Any] = {"air": air, "credit": credit, "gamma": config.credit.gamma}
-    if config.agent_match is not None:
-        kwargs["agent_match"] = config.agent_match
-    return TransitionBuilder(**kwargs)
+    try:
+        link.join_builder(builder, "agl train's config and the agent's @agl.rollout_fn builder")
+    except (AglError, ValueError) as exc:
+        link.close()
+        raise ConfigError("server.url", f"the server does not build transitions as this run trains: {exc}") from None
 
 
 def _torch_backend(config: Config) -> tuple[Any, Any]:
@@ -282,6 +277,7 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
     server_config = ServerConfig(db_path=config.path(config.server.db), host=config.server.host,
                                  port=config.server.port, token=token, max_attempts=config.server.max_attempts,
                                  lease_timeout_s=config.server.lease_timeout_s, builder=builder,
+                                 builder_source="agl train (its config and the agent's @agl.rollout_fn builder)",
                                  gateway=GatewayConfig(sampling_overrides=overrides))
     server = TrainerServer(server_config, engine)
     return _Local(server, ServerThread(server).start()), engine
@@ -361,8 +357,8 @@ def _train_config(config: Config, folder: str) -> Any:
     from agl_trainer.training import TrainConfig
 
     a = config.algorithm
-    # credit=None: the builder (``_builder``: credit.method, credit.gamma) credits every call of the run, trained
-    # or not, before agent_match picks the trained ones; crediting here again would see the trained calls alone
+    # credit=None: the builder (``transition_builder``: credit.method, credit.gamma) credits every call of the run,
+    # trained or not, before agent_match picks the trained ones; crediting here again would see the trained calls alone
     return TrainConfig(tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size, credit=None,
                        gamma=config.credit.gamma, scale_advantages=a.scale_advantages, row_mode=a.row_mode,
                        step_timeout_s=config.run.step_timeout_s, max_attempts=config.server.max_attempts,
