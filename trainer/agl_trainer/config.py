@@ -12,7 +12,7 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       name: torch                # torch (built in, one machine) | verl (a Ray cluster of GPUs)
       model: ./my-hf-model       # a Hugging Face causal LM folder
       device: cpu
-      lora: {r: 8, alpha: 16}    # optional; needs peft
+      lora: {r: 8, alpha: 16}    # optional; needs peft (the default above lora_above_params: docs/memory.md)
     algorithm:
       clip_epsilon: 0.2
       kl_coef: 0.0
@@ -127,6 +127,10 @@ class BackendConfig(_Section):
     device: Annotated[str, Field(pattern=_DEVICE)] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None
+    lora_above_params: PosInt | None = 1_000_000_000
+    """A model with more parameters than this and no ``lora`` trains LoRA adapters (docs/memory.md); null: never."""
+    gradient_checkpointing: bool = True
+    """Recompute each decoder layer in the backward pass instead of keeping its activations."""
     epochs: PosInt = 1
     minibatches: PosInt = 1
     max_tokens_per_forward: PosInt = 16384

@@ -147,7 +147,7 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
         _join_remote_builder(link, builder)
     backend, tokenizer = _torch_backend(config)
     if link is None:
-        local, engine = _local_server(config, builder, token, tokenizer)
+        local, engine = _local_server(config, builder, token, tokenizer, backend)
         link = local.server
         url = local.url
     worker = _start_workers(config, url, token)
@@ -239,6 +239,7 @@ def _torch_backend(config: Config) -> tuple[Any, Any]:
                           clip_high=a.clip_epsilon_high if a.clip_epsilon_high is not None else a.clip_epsilon,
                           kl_coef=a.kl_coef, epochs=b.epochs, minibatches=b.minibatches, max_grad_norm=a.max_grad_norm,
                           max_tokens_per_forward=b.max_tokens_per_forward, lora=lora,
+                          lora_above_params=b.lora_above_params, gradient_checkpointing=b.gradient_checkpointing,
                           temperature=float(a.temperature or 1.0))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     return TorchBackend(model, options, device=b.device, pad_id=pad), tokenizer
@@ -256,11 +257,9 @@ class _Local:
         self.thread.stop()
 
 
-def _local_server(config: Config, builder: Any, token: str | None, tokenizer: Any) -> tuple[_Local, Any]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from agl_trainer.engine import TorchEngine
+def _local_server(config: Config, builder: Any, token: str | None, tokenizer: Any, backend: Any
+                  ) -> tuple[_Local, Any]:
+    """The server in this process; its engine serves the backend's model itself (one set of weights)."""
     from agl_trainer.gateway import GatewayConfig, training_sampling
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer, check_bind
 
@@ -270,9 +269,8 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
         raise ConfigError("server.token", str(exc)) from None
     b = config.backend
     path = config.path(b.model)
-    served = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, b.dtype))
-    engine = TorchEngine(served, copy.deepcopy(tokenizer), name=os.path.basename(os.path.normpath(path)),
-                         device=b.device, max_batch=b.max_batch, seed=config.run.seed)
+    engine = backend.engine(copy.deepcopy(tokenizer), name=os.path.basename(os.path.normpath(path)),
+                            max_batch=b.max_batch, seed=config.run.seed)
     overrides = training_sampling(float(config.algorithm.temperature or 1.0))
     server_config = ServerConfig(db_path=config.path(config.server.db), host=config.server.host,
                                  port=config.server.port, token=token, max_attempts=config.server.max_attempts,
