@@ -10,6 +10,10 @@ the lease, which finishes the task. A heartbeat thread keeps the slots' leases
 alive while agents run; a worker that dies stops heartbeating, and the server
 gives its tasks to another worker as the next attempt.
 
+Before each rollout the worker asks the server for its current resources (``GET
+/v1/resources``: the prompt an algorithm is trying, say) and runs the agent with them;
+the rollout records their version.
+
 The agent talks to the model through the server's gateway with no change to its
 code: before the agent's module is imported, ``OPENAI_BASE_URL`` is set to the
 server's ``/v1`` and ``OPENAI_API_KEY`` to the server's token (the environment
@@ -150,6 +154,16 @@ class TaskClient:
 
         _, data = self.client.request("GET", f"/v1/tasks/{quote(task_id, safe='')}")
         return typing.cast(dict[str, Any], data)
+
+    def resources(self) -> tuple[int, dict[str, Any]] | None:
+        """The server's current resources as (version, resources); None when it serves none (or no such route)."""
+        try:
+            _, data = self.client.request("GET", "/v1/resources")
+        except ServerError as exc:
+            if exc.status == 404:  # a server from before resources, or none posted yet
+                return None
+            raise
+        return int(data["version"]), dict(data["resources"])
 
     def counts(self) -> dict[str, int]:
         """How many tasks are queued, leased, done and failed."""
@@ -341,6 +355,13 @@ class Worker:
         self._down_delay = 0.5
         self._down_said = -math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._builder_lock = threading.Lock()
+        self._builder_joined = False
+        builder = getattr(fn, "builder", None)
+        # now, so a builder no server could load (a lambda among its functions) fails before any task is leased
+        self._builder_settings: dict[str, Any] = builder.settings() if builder is not None else {}
+        self._agent_name = agent if isinstance(agent, str) else \
+            f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
 
     # ------------------------------------------------------------------ control
 
@@ -388,10 +409,12 @@ class Worker:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop = None
-        if self.fatal is not None:
+        if self.fatal is not None and self.fatal.status in (401, 403):
             raise ServerError(self.fatal.status, f"the agl server at {self.url} refused this worker: "
                                                  f"{self.fatal.message}; pass the server's token (--token or "
                                                  f"AGL_TOKEN)", self.fatal.param)
+        if self.fatal is not None:
+            raise self.fatal
         return self.stats
 
     def _drain(self, slots: list[threading.Thread]) -> None:
@@ -428,6 +451,8 @@ class Worker:
             if not self._take():
                 return
             try:
+                if not self._join_builder():
+                    return
                 lease = self.tasks.lease(self.worker_id, wait_s=self.poll_s, lease_timeout=self.lease_timeout,
                                          retry=False)
             except AglError as exc:
@@ -462,6 +487,32 @@ class Worker:
                     self._posting.discard(lease.lease_id)
                     self._lost.discard(lease.lease_id)
                 self._last_work = time.monotonic()
+
+    def _join_builder(self) -> bool:
+        """Hand the agent's ``@agl.rollout_fn`` builder to the server, once, before the first lease; False: refused.
+
+        The server builds the stored transitions (it joins the gateway's token ids first), so the
+        builder given in code must reach it, or a call the code leaves out would be trained. A key
+        the server sets otherwise (``agl serve --agent-match``, a training config) is refused by it,
+        naming both values, and the worker stops with that error before running any task.
+        """
+        with self._builder_lock:
+            if self._builder_joined or not self._builder_settings:
+                return True
+            try:
+                self.tasks.client.request("POST", "/v1/builder", {
+                    "settings": self._builder_settings,
+                    "source": f"the agent's @agl.rollout_fn builder ({self._agent_name})"}, retry=False)
+            except ServerError as exc:
+                if exc.status in (401, 403):
+                    raise
+                hint = " (a server older than this worker: upgrade agl-trainer)" if exc.status == 404 else ""
+                self.fatal = ServerError(exc.status, f"the agl server at {self.url} refused the agent's builder: "
+                                                     f"{exc.message}{hint}", exc.param)
+                self._stopping.set()
+                return False
+            self._builder_joined = True
+            return True
 
     def _tasks_waiting(self) -> bool:
         """Whether tasks are queued but not leasable yet (backing off after a failed try): not idle, then."""
@@ -530,7 +581,14 @@ class Worker:
 
     def _run_one(self, lease: Lease) -> None:
         store = _LeaseStore(lease)
-        kwargs = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
+        kwargs: dict[str, Any] = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
+        try:
+            served = self.tasks.resources()  # per rollout: an algorithm may have made a new version meanwhile
+        except AglError as exc:
+            self._give_back(lease, f"the server's resources could not be read: {exc}")
+            return
+        if served is not None:
+            kwargs["resources_version"], kwargs["resources"] = served
         error: BaseException | None = None
         try:
             if self.is_async:

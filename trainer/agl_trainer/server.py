@@ -29,6 +29,10 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
   own); ``POST /v1/model`` ``{"version"?, "weights"?}``: the trainer announces weights
   (versions go up by at most :data:`MAX_VERSION_STEP`; none given: the next).
 - ``POST /v1/metrics`` ``{"step", "values": {name: number}}``; ``GET /v1/metrics``: training curves by step.
+- ``GET /v1/resources``: the current resources version (what workers hand the agent); ``POST /v1/resources``
+  ``{"resources": {name: value}, "metadata"?, "current"?}``: a new version; ``GET /v1/resources/history``
+  (paged, ``after=<version>``); ``GET|POST /v1/resources/{version}`` ``{"metadata"?, "current"?}``: notes on a
+  version, or make it current again (:mod:`agl_trainer.resources`).
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
 - ``/`` and ``/dashboard``: the dashboard (:mod:`agl_trainer.dashboard`), with ``GET /v1/stats``.
@@ -77,6 +81,7 @@ from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
+from agl_trainer.resources import ResourceVersions
 from agl_trainer.token_records import MAX_MODEL_VERSION, MAX_VERSION_STEP, TokenRecords, keep_joined
 
 __all__ = ["MAX_MODEL_VERSION", "MAX_VERSION_STEP", "ServerConfig", "ServerThread", "TrainerServer", "check_bind",
@@ -115,7 +120,10 @@ class ServerConfig:
     sweep_interval_s: float = 1.0
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     builder: TransitionBuilder | None = None
-    """How the server turns a posted rollout into transitions; None: ``TransitionBuilder()``."""
+    """How the server turns a posted rollout into transitions; None: ``TransitionBuilder()``. A client's builder
+    (``POST /v1/builder``: a worker's agent, a remote trainer's config) joins it; a key set otherwise is refused."""
+    builder_source: str = "the server's builder"
+    """Where ``builder`` comes from, for the error that names both sides of a conflict (``agl serve --agent-match``)."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -241,7 +249,10 @@ class TrainerServer:
         self.records = TokenRecords(None if memory else config.db_path, max_bytes=config.token_records_max_bytes)
         self.model = _ModelState(config.db_path)
         self._metrics = _Metrics(config.db_path)
+        self.resources = ResourceVersions(config.db_path)
         self.builder = config.builder or TransitionBuilder()
+        self.builder_source = config.builder_source
+        self._builder_lock = threading.Lock()
         self.dashboard = Dashboard(self.store)
         self.backend = backend
         self.gateway = Gateway(backend, self.records, config.gateway, model_version=lambda: self.model.version,
@@ -276,8 +287,15 @@ class TrainerServer:
             Route("/v1/trajectories", self.list_trajectories, methods=["GET"]),
             Route("/v1/model", self.get_model, methods=["GET"]),
             Route("/v1/model", self.post_model, methods=["POST"]),
+            Route("/v1/builder", self.get_builder, methods=["GET"]),
+            Route("/v1/builder", self.post_builder, methods=["POST"]),
             Route("/v1/metrics", self.get_metrics, methods=["GET"]),
             Route("/v1/metrics", self.post_metrics, methods=["POST"]),
+            Route("/v1/resources", self.get_resources, methods=["GET"]),
+            Route("/v1/resources", self.post_resources, methods=["POST"]),
+            Route("/v1/resources/history", self.resource_history, methods=["GET"]),
+            Route("/v1/resources/{version}", self.get_resource_version, methods=["GET"]),
+            Route("/v1/resources/{version}", self.update_resource_version, methods=["POST"]),
             *self.dashboard.routes(),
         ]
         handlers: dict[Any, Callable[..., Any]] = {
@@ -316,6 +334,7 @@ class TrainerServer:
         self.queue.close()
         self.model.close()
         self._metrics.close()
+        self.resources.close()
         self.store.close()
 
     def _changed_threadsafe(self) -> None:
@@ -394,6 +413,44 @@ class TrainerServer:
         await self.publish(version, weights)
         return await self.get_model(request)
 
+    # ------------------------------------------------------------------ what is trained
+
+    async def get_builder(self, request: Request) -> Response:
+        return _json({"settings": self.builder.settings(loadable=False), "source": self.builder_source})
+
+    async def post_builder(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        settings, source = body.get("settings"), body.get("source", "the client's builder")
+        if not isinstance(settings, dict):
+            raise ApiError(400, "'settings' must be an object (TransitionBuilder.settings())", "settings")
+        if not isinstance(source, str) or not source:
+            raise ApiError(400, "'source' must be a non-empty string (where the builder comes from)", "source")
+        await run_in_threadpool(self.join_builder, settings, source)
+        return await self.get_builder(request)
+
+    def join_builder(self, settings: dict[str, Any], source: str) -> None:
+        """Build transitions with ``settings`` (a client's builder) from now on, joined with the server's own.
+
+        One source of truth for what is trained: a key the server's builder sets to another value
+        raises :class:`ApiError` 409 naming both; a function the server cannot import, 400.
+        """
+        from agl_core.transitions import BuilderConflict, merge_builders
+
+        try:
+            theirs = TransitionBuilder.from_settings(settings)
+        except SchemaError as exc:
+            raise ApiError(400, f"{exc}: the server builds the stored transitions, so it must load every function "
+                                "the builder names (install the module where `agl serve` runs)",
+                           exc.field.replace("TransitionBuilder.", "")) from None
+        with self._builder_lock:
+            try:
+                merged = merge_builders(self.builder, theirs, names=(self.builder_source, source))
+            except BuilderConflict as exc:
+                raise ApiError(409, str(exc), "settings") from None
+            if merged is not None and merged.settings(loadable=False) != self.builder.settings(loadable=False):
+                self.builder = merged
+                self.builder_source = f"{self.builder_source} joined with {source}"
+
     # ------------------------------------------------------------------ metrics
 
     def record_metrics(self, step: int, values: dict[str, float]) -> None:
@@ -422,6 +479,50 @@ class TrainerServer:
             field_name = str(exc).split("'")[1] if str(exc).startswith("'") else "values"
             raise ApiError(400, str(exc), field_name) from None
         return _json({"step": body["step"], "recorded": len(body["values"])}, 201)
+
+    # ------------------------------------------------------------------ resources
+
+    async def get_resources(self, request: Request) -> Response:
+        entry = await run_in_threadpool(self.resources.current)
+        if entry is None:
+            raise ApiError(404, "no resources yet: POST /v1/resources {\"resources\": {name: value}} makes "
+                                "version 1", "version")
+        return _json(entry)
+
+    async def post_resources(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        if "resources" not in body:
+            raise ApiError(400, "'resources' is required: send {\"resources\": {name: value}}", "resources")
+        current = _bool_field(body, "current", True)
+        entry = await run_in_threadpool(lambda: self.resources.add(body["resources"], body.get("metadata"),
+                                                                   current=current))
+        return _json(entry, 201)
+
+    async def resource_history(self, request: Request) -> Response:
+        q = request.query_params
+        limit = limit_param(q)
+        after = _version_of(q.get("after", "0"), "after", low=0)
+        data = await run_in_threadpool(self.resources.history, limit + 1, after)
+        more = len(data) > limit
+        data = data[:limit]
+        return _json({"data": data, "next": str(data[-1]["version"]) if more else None})
+
+    async def get_resource_version(self, request: Request) -> Response:
+        version = _version_of(request.path_params["version"], "version")
+        entry = await run_in_threadpool(self.resources.get, version)
+        if entry is None:
+            raise ApiError(404, f"no resources version {version}", "version")
+        return _json(entry)
+
+    async def update_resource_version(self, request: Request) -> Response:
+        version = _version_of(request.path_params["version"], "version")
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        current = _bool_field(body, "current", False)
+        entry = await run_in_threadpool(lambda: self.resources.update(version, body.get("metadata"),
+                                                                      current=current))
+        if entry is None:
+            raise ApiError(404, f"no resources version {version}", "version")
+        return _json(entry)
 
     # ------------------------------------------------------------------ tasks
 
@@ -714,6 +815,21 @@ def _number(body: dict[str, Any], name: str, default: float, *, high: float = ma
         raise ApiError(400, f"'{name}' must be a {'positive' if low_exclusive else 'non-negative'} number{bound}, "
                             f"got {json.dumps(value)[:40]}", name)
     return float(value)
+
+
+def _version_of(raw: str, name: str, *, low: int = 1) -> int:
+    """A resources version from a path or query parameter: an integer from ``low`` up to SQLite's largest."""
+    if not raw.isdigit() or not low <= int(raw) <= _MAX_INT:
+        raise ApiError(400 if name == "after" else 404, f"'{name}' must be an integer from {low} to 2**63 - 1, "
+                                                        f"got {raw[:40]!r}", name)
+    return int(raw)
+
+
+def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {json.dumps(value)[:40]}", name)
+    return value
 
 
 def _status_param(q: Any) -> list[str] | None:
