@@ -107,6 +107,8 @@ class VerlConfig(_Section):
 
     ray_address: str | None = None
     """The Ray cluster (``ray.init`` address; None: ``RAY_ADDRESS`` or a local one)."""
+    gateway_host: str | None = None
+    """The address agl's workers on every node reach its gateway at (None: Ray's address of the node it runs on)."""
     nnodes: PosInt = 1
     n_gpus_per_node: PosInt = 8
     rollout_engine: Literal["vllm", "sglang"] = "vllm"

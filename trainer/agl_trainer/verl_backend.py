@@ -69,9 +69,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agl.trainer")
 
-__all__ = ["LOSS_MODE", "DataProtoStats", "RolloutStage", "batch_problems", "check_verl_config", "compose_verl_config",
-           "data_proto_fields", "launch", "sampler_agreement", "signal_problems", "step_config", "to_data_proto",
-           "verl_gateway_config", "verl_overrides"]
+__all__ = ["LOSS_MODE", "DataProtoStats", "RolloutStage", "batch_problems", "check_verl_config",
+           "compose_verl_config", "data_proto_fields", "gateway_url", "launch", "sampler_agreement",
+           "signal_problems", "step_config", "to_data_proto", "verl_gateway_config", "verl_overrides"]
 
 LOSS_MODE = "agl_per_rollout"
 """agl's per-rollout policy loss in verl's registry (:mod:`agl_trainer.verl_loss`, which needs verl to import)."""
@@ -397,6 +397,32 @@ def verl_gateway_config(config: Config) -> Any:
     return GatewayConfig(sampling_overrides=training_sampling(float(config.algorithm.temperature or 1.0)))
 
 
+def gateway_url(config: Config, port: int) -> str:
+    """The URL agl's workers, Ray actors on any node, reach the gateway at: ``backend.verl.gateway_host``,
+    else Ray's address of this node (the one other nodes' raylets reach it by).
+
+    The host name's own address is not it: many hosts map their name to 127.0.0.1 in
+    ``/etc/hosts``. A loopback address on a cluster of more than one node is a :class:`ConfigError`
+    before any worker starts (the workers elsewhere would fail every call). Needs Ray.
+    """
+    import ipaddress
+
+    import ray.util
+
+    from agl_trainer.config import ConfigError
+
+    host = config.backend.verl.gateway_host or ray.util.get_node_ip_address()
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: loopback when it is localhost's
+        loopback = host == "localhost"
+    if loopback and config.backend.verl.nnodes > 1:
+        raise ConfigError("backend.verl.gateway_host",
+                          f"the gateway's address {host} is this machine's loopback, which the workers on the other "
+                          f"{config.backend.verl.nnodes - 1} node(s) cannot reach; set it to an address they can")
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def compose_verl_config(overrides: Sequence[str]) -> Any:
     """verl's ``ppo_trainer`` config with ``overrides`` (Hydra's compose: an unknown key fails here). Needs verl."""
     import verl.trainer.config as verl_config
@@ -562,7 +588,6 @@ def sampler_agreement(trainer_logp: Any, sampler_logp: Any, mask: Any, *, record
 
 def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[dict[str, Any]]:
     """The stages of the module docstring, once per step; returns each step's numbers."""
-    import socket
     import threading
 
     import torch
@@ -587,7 +612,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
                                         gateway=verl_gateway_config(config)),
                            OpenAIBackend(f"http://{address}/v1"))
     thread = ServerThread(server).start()
-    url = f"http://{socket.gethostbyname(socket.gethostname())}:{thread.url.rsplit(':', 1)[1]}"
+    url = gateway_url(config, int(thread.url.rsplit(":", 1)[1]))
     link = LocalServer(server, engine=None)
     rollouts = RolloutStage(link, tasks, tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size,
                             max_attempts=config.server.max_attempts, timeout_s=config.run.step_timeout_s)
