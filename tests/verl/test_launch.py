@@ -161,3 +161,25 @@ def test_batch_sizes_verl_would_refuse_after_the_cluster_started_fail_before_it(
         check_verl_config(config)
     config = validate(apply_overrides(raw, ["backend.verl.log_prob_micro_batch_size_per_gpu=2"]))
     assert check_verl_config(config).actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 2
+
+
+def test_the_replicas_parse_tool_calls_with_the_configured_parser() -> None:
+    # before: engine_kwargs.vllm was {}, so vLLM answered tool_choice=auto with a 400 and left calls in the text
+    raw, _ = _recipe()
+    engine = check_verl_config(validate(raw)).actor_rollout_ref.rollout.engine_kwargs
+    # verl's vLLM server passes these as `vllm serve` flags: --enable_auto_tool_choice --tool_call_parser hermes
+    assert dict(engine.vllm) == {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}  # Qwen's default
+    llama = validate(apply_overrides(raw, ["backend.verl.tool_call_parser=llama3_json"]))
+    assert compose_verl_config(verl_overrides(llama)).actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser \
+        == "llama3_json"
+    sglang = validate(apply_overrides(raw, ["backend.verl.rollout_engine=sglang",
+                                            "backend.verl.tool_call_parser=qwen25"]))
+    engine = compose_verl_config(verl_overrides(sglang)).actor_rollout_ref.rollout.engine_kwargs
+    assert dict(engine.sglang) == {"tool_call_parser": "qwen25"} and dict(engine.vllm) == {}
+    none = validate(apply_overrides(raw, ["backend.verl.tool_call_parser=null"]))
+    assert dict(compose_verl_config(verl_overrides(none)).actor_rollout_ref.rollout.engine_kwargs.vllm) == {}
+    # the user's own overrides still win: they come last
+    own = validate(apply_overrides(raw, ["backend.verl.overrides=[++actor_rollout_ref.rollout.engine_kwargs.vllm."
+                                         "tool_call_parser=mistral]"]))
+    assert compose_verl_config(verl_overrides(own)).actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser \
+        == "mistral"

@@ -114,6 +114,9 @@ class VerlConfig(_Section):
     rollout_engine: Literal["vllm", "sglang"] = "vllm"
     tensor_parallel_size: PosInt = 1
     gpu_memory_utilization: Annotated[Float, Field(gt=0.0, le=1.0)] = 0.6
+    tool_call_parser: str | None = "hermes"
+    """The replicas' parser of the model's tool calls, in the engine's own names (vLLM's ``--tool-call-parser``:
+    hermes for Qwen2.5/Qwen3 and Hermes, llama3_json for Llama 3.1+, mistral, ...); null: no tool calls parsed."""
     ppo_mini_batch_size: PosInt = 16
     """Tasks per mini-batch (x ``data.group_size`` rows); a step of fewer tasks is one mini-batch of them all."""
     ppo_micro_batch_size_per_gpu: PosInt = 4

@@ -71,7 +71,8 @@ logger = logging.getLogger("agl.trainer")
 
 __all__ = ["LOSS_MODE", "DataProtoStats", "RolloutStage", "batch_problems", "check_verl_config",
            "compose_verl_config", "data_proto_fields", "gateway_url", "launch", "sampler_agreement",
-           "signal_problems", "step_config", "to_data_proto", "verl_gateway_config", "verl_overrides"]
+           "signal_problems", "step_config", "to_data_proto", "tool_call_overrides", "verl_gateway_config",
+           "verl_overrides"]
 
 LOSS_MODE = "agl_per_rollout"
 """agl's per-rollout policy loss in verl's registry (:mod:`agl_trainer.verl_loss`, which needs verl to import)."""
@@ -304,7 +305,23 @@ def verl_overrides(config: Config) -> list[str]:
     if b.lora is not None:
         out += [f"actor_rollout_ref.model.lora_rank={b.lora.r}", f"actor_rollout_ref.model.lora_alpha={b.lora.alpha}",
                 f"actor_rollout_ref.model.target_modules=[{','.join(b.lora.target_modules)}]"]
-    return out + list(v.overrides)
+    return out + tool_call_overrides(v) + list(v.overrides)
+
+
+def tool_call_overrides(v: Any) -> list[str]:
+    """The replicas' tool-call parsing, as verl passes ``rollout.engine_kwargs.<engine>`` to the engine's server.
+
+    Without it vLLM answers an agent's ``tools`` with the calls left as text in ``content`` (or a 400
+    for ``tool_choice: auto``): its OpenAI server parses tool calls only when started with
+    ``--enable-auto-tool-choice --tool-call-parser NAME``. SGLang needs the parser alone.
+    """
+    if v.tool_call_parser is None:
+        return []
+    kwargs = f"++actor_rollout_ref.rollout.engine_kwargs.{v.rollout_engine}"
+    out = [f"{kwargs}.tool_call_parser={v.tool_call_parser}"]
+    if v.rollout_engine == "vllm":
+        out.insert(0, f"{kwargs}.enable_auto_tool_choice=true")
+    return out
 
 
 def signal_problems(verl_cfg: Any, config: Config) -> list[str]:
