@@ -31,7 +31,9 @@ worker groups (FSDP actor, optional reference) and vLLM replicas on its Ray clus
 as verl's ``main_ppo`` does, and one training loop in a Ray actor that reads as its stages:
 
 1. **serve**: agl's server starts next to verl's rollout replicas, its gateway in front of
-   the first replica's OpenAI-compatible endpoint (it records token ids and logprobs per call);
+   every replica's OpenAI-compatible endpoint (:class:`~agl_trainer.replicas.ReplicaBackend`: a
+   rollout's calls on one replica, rollouts on the least loaded; it records token ids and logprobs
+   per call);
 2. **roll out**: agl workers (Ray actors) run the unchanged agent against the gateway, one
    GRPO group of ``data.group_size`` rollouts per task;
 3. **score, rows**: :func:`agl_trainer.training.score_batch`, the torch backend's own stage (the
@@ -613,12 +615,15 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     from agl_core.worker import run_on_ray
     from agl_trainer.config import code_builder, transition_builder
     from agl_trainer.gateway import OpenAIBackend
+    from agl_trainer.replicas import ReplicaBackend
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
     from agl_trainer.signal_health import nothing_trained, signal_warnings, warning_flags
     from agl_trainer.training import LocalServer, StepResult, score_batch, write_curves
 
-    # 1. serve: agl's gateway in front of verl's first rollout replica
-    address = trainer.llm_server_manager.get_addresses()[0]
+    # 1. serve: agl's gateway in front of every rollout replica verl started, a rollout's calls on one
+    addresses = trainer.llm_server_manager.get_addresses()
+    logger.info("agl train: the gateway spreads the rollouts over %d replica(s): %s", len(addresses),
+                ", ".join(addresses))
     token = config.server.token or os.environ.get("AGL_TOKEN") or os.urandom(16).hex()
     host = "0.0.0.0"  # the workers run on other nodes: reachable beyond this one, so always with a token
     folder = config.path(config.run.dir)
@@ -627,7 +632,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     server = TrainerServer(ServerConfig(db_path=config.path(config.server.db), host=host, port=config.server.port,
                                         token=token, builder=builder, max_attempts=config.server.max_attempts,
                                         gateway=verl_gateway_config(config)),
-                           OpenAIBackend(f"http://{address}/v1"))
+                           ReplicaBackend([OpenAIBackend(f"http://{address}/v1") for address in addresses]))
     thread = ServerThread(server).start()
     url = gateway_url(config, int(thread.url.rsplit(":", 1)[1]))
     link = LocalServer(server, engine=None)
