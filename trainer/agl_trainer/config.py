@@ -61,8 +61,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 
 __all__ = [
     "AirConfig", "AlgorithmConfig", "BackendConfig", "Config", "ConfigError", "CreditConfig", "DataConfig",
-    "LoraConfig", "RunConfig", "ServerSection", "VerlConfig", "WorkersConfig", "apply_overrides", "code_builder",
-    "load_config", "load_tasks", "transition_builder",
+    "LoraConfig", "RunConfig", "ServerSection", "VerlConfig", "VllmLoraConfig", "WorkersConfig", "apply_overrides",
+    "code_builder", "load_config", "load_tasks", "transition_builder",
 ]
 
 
@@ -128,6 +128,19 @@ class VerlConfig(_Section):
     """More of verl's own config, as its Hydra overrides (``trainer.val_before_train=false``), passed as given."""
 
 
+class VllmLoraConfig(_Section):
+    """``vllm serve BASE --enable-lora`` beside the torch backend: rollouts on vLLM, the adapter trained here."""
+
+    url: str
+    """vLLM's OpenAI base URL (``http://127.0.0.1:8000/v1``); it serves ``backend.model`` as its base."""
+    api_key: str | None = None
+    """vLLM's ``--api-key``, when it was started with one."""
+    lora_name: Annotated[str, Field(min_length=1)] = "agl-policy"
+    """The name vLLM serves the trained adapter under: every call through the gateway asks for it."""
+    adapters_dir: str | None = None
+    """Where each version's adapter is written for vLLM to read at the same path (default ``<run.dir>/adapters``)."""
+
+
 class BackendConfig(_Section):
     name: Literal["torch", "verl"] = "torch"
     model: str
@@ -147,6 +160,8 @@ class BackendConfig(_Section):
     max_batch: PosInt = 8
     """The built-in engine's most sequences per batch."""
     verl: VerlConfig = Field(default_factory=VerlConfig)
+    vllm: VllmLoraConfig | None = None
+    """With ``name: torch``: rollouts on this vLLM server, the LoRA adapter trained here hot-loaded after each step."""
 
 
 class AlgorithmConfig(_Section):
@@ -356,6 +371,16 @@ def _cross_check(config: Config) -> None:
                           "temperature its agent asked for, while the trainer computes its logprobs at one "
                           "temperature, so the importance ratio would compare two distributions; set the temperature "
                           "the policy samples at (the gateway enforces it on every call)")
+    vllm = config.backend.vllm
+    if vllm is not None:
+        if config.backend.name != "torch":
+            raise ConfigError("backend.vllm", f"is the torch backend's rollout server; backend.name is "
+                              f"{config.backend.name}, whose rollout engine is backend.verl.rollout_engine")
+        if config.server.url is not None:
+            raise ConfigError("backend.vllm", f"and server.url {config.server.url} both name the model server: the "
+                              "remote server has its own (agl serve --backend); set one of them")
+        if not vllm.url.startswith(("http://", "https://")):
+            raise ConfigError("backend.vllm.url", f"must be an http(s) URL ending in /v1, got {vllm.url!r}")
     high = config.algorithm.clip_epsilon_high
     if high is not None and high < config.algorithm.clip_epsilon:
         raise ConfigError("algorithm.clip_epsilon_high", f"must be at least algorithm.clip_epsilon "
