@@ -183,3 +183,17 @@ def test_the_replicas_parse_tool_calls_with_the_configured_parser() -> None:
                                          "tool_call_parser=mistral]"]))
     assert compose_verl_config(verl_overrides(own)).actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser \
         == "mistral"
+
+
+def test_a_lora_config_is_checked_where_verl_can_ask_vllm_for_its_ranks() -> None:
+    # verl's validate_config rounds the LoRA rank up to one vLLM supports, importing vLLM to ask; without vLLM
+    # it said "vllm version None not supported and SGLang also not Found": now one line naming the key and why
+    config = validate(CONFIG)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"backend\.lora: verl checks the LoRA rank against the vLLM it runs, "
+                                              r"and vllm is not installed here"):
+            check_verl_config(config)
+    else:
+        assert check_verl_config(config).actor_rollout_ref.model.lora_rank == 16

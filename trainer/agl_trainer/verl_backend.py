@@ -375,6 +375,8 @@ def check_verl_config(config: Config) -> Any:
     ``validate_config`` (batch and micro-batch sizes of the actor, rollout and reference): what verl would
     refuse inside its Ray actor after the cluster started fails here, on any machine with verl. Needs verl.
     """
+    import importlib.util
+
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
@@ -388,13 +390,16 @@ def check_verl_config(config: Config) -> Any:
                           ("backend.verl", batch_problems(verl_cfg))):
         if problems:
             raise ConfigError(key, "; ".join(problems))
+    if config.backend.lora is not None and config.backend.verl.rollout_engine == "vllm" \
+            and importlib.util.find_spec("vllm") is None:
+        # verl's check rounds the rank up to one vLLM supports, importing vLLM's rollout package to ask
+        raise ConfigError("backend.lora", "verl checks the LoRA rank against the vLLM it runs, and vllm is not "
+                          "installed here: check this config where verl's vLLM is (the cluster)")
     try:
         validate_config(config=verl_cfg, use_reference_policy=need_reference_policy(verl_cfg),
                         use_critic=need_critic(verl_cfg))
     except (AssertionError, ValueError) as exc:
         raise ConfigError("backend.verl", f"verl's validate_config refused it: {exc}") from None
-    except ImportError as exc:  # its LoRA check asks vLLM for the ranks it supports
-        raise ConfigError("backend.verl", f"verl's validate_config needs {exc.name or exc} here") from None
     return verl_cfg
 
 
