@@ -72,11 +72,13 @@ def test_each_step_loads_the_adapter_just_trained_into_vllm_under_the_policys_na
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))  # the agent's module, as a user's would be importable
     _policy(tmp_path / "policy")
+    adapters = tmp_path / "out" / "adapters"
+    (adapters / "v7").mkdir(parents=True)  # a run before this one's last adapter, and a file of the user's
+    (adapters / "notes.txt").write_text("mine", encoding="utf-8")
     with FakeOpenAI(script=_half_right, enable_lora=True, model="base") as vllm:
         outcome = run_training(_config(tmp_path, vllm), progress=False)
         chats = [q.body for q in vllm.requests if q.path.endswith("/chat/completions")]
     assert [s["version"] for s in outcome.steps] == [2, 3] and all(s["rows"] > 0 for s in outcome.steps)
-    adapters = tmp_path / "out" / "adapters"
     loads = vllm.lora_loads
     # (the fake's logprobs are not the tiny model's: the run warns of a sampler/trainer mismatch, rightly)
     # the untrained adapter before the first rollout, then the one each step just wrote, before the next step's calls
@@ -86,7 +88,7 @@ def test_each_step_loads_the_adapter_just_trained_into_vllm_under_the_policys_na
     assert len(chats) == 8 and all(c["model"] == "agl-policy" for c in chats)  # the agent asked for gpt-4o-mini
     assert all(c["return_token_ids"] is True and c["logprobs"] is True for c in chats)
     # only the latest version stays on disk, and it is what was loaded last ...
-    assert sorted(p.name for p in adapters.iterdir()) == ["v3"]
+    assert sorted(p.name for p in adapters.iterdir()) == ["notes.txt", "v3"]
     assert _sha256(adapters / "v3" / "adapter_model.safetensors") == loads[-1].weights_sha256
     # ... the trained adapters themselves: the checkpoint's LoRA weights after step 2, tensor for tensor
     loaded = safetensors_torch.load_file(str(adapters / "v3" / "adapter_model.safetensors"))

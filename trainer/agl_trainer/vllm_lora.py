@@ -7,7 +7,7 @@ just trained (peft's ``adapter_config.json`` and ``adapter_model.safetensors``) 
 endpoint, ``POST /v1/load_lora_adapter`` (``load_inplace``: the same name, the new weights), so
 the next step's rollouts sample from the policy being trained. A vLLM too old for
 ``load_inplace`` refuses the second load of a name; then the adapter is unloaded and loaded
-again. Only the latest version's folder is kept.
+again. Only the latest version's folder is kept (``v{N}`` folders of runs before go too).
 
 vLLM must run with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (without it the endpoint does not
 exist: a 404, said in one line naming the variable) and read ``adapters_dir`` at the same path.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import urllib.error
 import urllib.request
@@ -29,6 +30,7 @@ from agl_trainer.training import LocalServer
 __all__ = ["VllmAdapters", "VllmLoraLink"]
 
 logger = logging.getLogger("agl.trainer")
+_VERSION = re.compile(r"v\d+")
 
 
 class VllmAdapters:
@@ -94,11 +96,12 @@ class VllmLoraLink(LocalServer):
 
     def publish(self, backend: Any) -> int:
         version = max(self.server.model.version + 1, backend.step)
-        before = self.adapters.loaded
         path = backend.save_adapter(os.path.join(self.folder, f"v{version}"), version)
         self.adapters.load(path)
         self.server.model.set(version, path)
-        if before is not None and before != path:
-            shutil.rmtree(before, ignore_errors=True)  # vLLM has read it; the new one replaces it
+        # vLLM has read the new adapter: the versions before it go (those of a run before this one too)
+        for name in os.listdir(self.folder):
+            if _VERSION.fullmatch(name) and name != f"v{version}":
+                shutil.rmtree(os.path.join(self.folder, name), ignore_errors=True)
         logger.info("agl train: vLLM serves adapter v%d as %r (%s)", version, self.adapters.name, path)
         return version
