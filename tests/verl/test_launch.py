@@ -197,3 +197,21 @@ def test_a_lora_config_is_checked_where_verl_can_ask_vllm_for_its_ranks() -> Non
             check_verl_config(config)
     else:
         assert check_verl_config(config).actor_rollout_ref.model.lora_rank == 16
+
+
+def test_agl_train_check_runs_verls_own_checks(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from agl_trainer.train_cli import train
+
+    raw, _ = _recipe()
+    (tmp_path / "tasks.jsonl").write_text('{"q": 1}\n', encoding="utf-8")
+    raw = {**raw, "data": {**raw["data"], "path": "tasks.jsonl"}, "agent": "agl_trainer.demo.lockers:solve"}
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    config = str(tmp_path / "train.yaml")
+    ok = CliRunner().invoke(train, [config, "--check"])
+    assert ok.exit_code == 0 and "verl's validate_config passes it" in ok.output, ok.output
+    # before: --check said "is valid", and verl refused the batch sizes in its Ray actor once the cluster was up
+    bad = CliRunner().invoke(train, [config, "--check", "--set", "data.tasks_per_step=3", "--set",
+                                     "backend.verl.ppo_mini_batch_size=2"])
+    assert bad.exit_code == 2 and "validate_config refused it: real_train_batch_size (24)" in bad.output, bad.output

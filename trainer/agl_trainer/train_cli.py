@@ -71,9 +71,14 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
         click.echo(str(exc), err=True)
         sys.exit(2)
     if check:
-        tasks = load_tasks(config)
+        try:
+            tasks = load_tasks(config)
+            verl = _check_verl(config) if config.backend.name == "verl" else ""
+        except ConfigError as exc:
+            click.echo(str(exc), err=True)
+            sys.exit(2)
         click.echo(f"agl train: {config_path} is valid: {len(tasks)} tasks, backend {config.backend.name}, "
-                   f"{config.run.steps} steps of {config.data.tasks_per_step} tasks x {config.data.group_size}")
+                   f"{config.run.steps} steps of {config.data.tasks_per_step} tasks x {config.data.group_size}{verl}")
         return
     try:
         outcome = run_training(config, progress=not quiet)
@@ -99,6 +104,19 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
                        "'warnings')", err=True)
     for name, path in outcome.files.items():
         click.echo(f"{name}: {path}")
+
+
+def _check_verl(config: Config) -> str:
+    """verl's own checks of the config it would run (:func:`~agl_trainer.verl_backend.check_verl_config`), where
+    verl is installed; what the check line adds about them."""
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        return " (verl is not installed here: its own checks run as agl train starts on the cluster)"
+    from agl_trainer.verl_backend import check_verl_config
+
+    check_verl_config(config)
+    return "; verl's validate_config passes it"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
