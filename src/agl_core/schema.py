@@ -444,6 +444,8 @@ class Skipped(_Record):
 
     span_id: str
     reason: str
+    agent_name: str | None = None
+    """The call's agent, when it had one: which agents a selection saw and left out."""
 
 
 @dataclass(eq=True)

@@ -9,8 +9,9 @@ call, in call order:
    token ids from whichever span has the best ones (gateway > response >
    retokenized), messages from the first span that recorded them.
 2. **Agent identity** is the nearest ``gen_ai.agent.name`` on the call or its
-   ancestors; ``agent_match`` (a regex, matched against the whole name) selects
-   which agents are trained.
+   ancestors; ``agent_match`` (a regex *searched* in the name, as Agent Lightning's
+   ``agent_match`` is: ``"write"`` selects ``write_query`` and ``rewrite_query``;
+   anchor it, ``"^writer$"``, for one exact name) selects which agents are trained.
 3. **Rewards.** An intermediate reward (``emit_reward(v, name=...)``) attaches to
    the LLM call it follows; AIR rules turn tool outcomes (exception, error
    result, timeout) into intermediate rewards on the call that asked for the
@@ -185,8 +186,10 @@ class _Call:
 class TransitionBuilder:
     """Decides which LLM calls become transitions and which signals become rewards.
 
-    ``agent_match``: regex matched against the whole agent name (``"writer|rewriter"``
-    keeps those two and not ``"checker"``); None keeps every call.
+    ``agent_match``: regex searched in the agent name (``re.search``, Agent Lightning's
+    semantics: ``"write"`` keeps ``write_query`` and ``rewrite_query``, ``"writer|rewriter"``
+    keeps those two and not ``"checker"``, ``"^writer$"`` keeps ``writer`` alone); None keeps
+    every call.
     ``air``: :class:`AirRules` for intermediate rewards from tool outcomes.
     ``credit``/``gamma``: credit assignment, see :mod:`agl_core.credit`.
     """
@@ -285,26 +288,28 @@ class TransitionBuilder:
             raw_out = _first_json(call, semconv.GEN_AI_OUTPUT_MESSAGES)
             tools = _first_json(call, semconv.GEN_AI_TOOL_DEFINITIONS)
         except ValueError as exc:
-            skipped.append(Skipped(span_id=outer.span_id, reason=f"unreadable message attribute: {exc}"))
+            skipped.append(Skipped(span_id=outer.span_id, agent_name=agent,
+                                   reason=f"unreadable message attribute: {exc}"))
             return None
         prompt_ids, response_ids, logprobs, source = call.tokens()
         if call.failed():
             # a failed call may carry what arrived before it broke (a stream cut mid-way): that
             # partial text stays on the span for debugging, never in a transition
             error = call.first(semconv.ERROR_TYPE) or outer.status_message or "error"
-            skipped.append(Skipped(span_id=outer.span_id, reason=f"the call failed ({error}): no response to train on"))
+            skipped.append(Skipped(span_id=outer.span_id, agent_name=agent,
+                                   reason=f"the call failed ({error}): no response to train on"))
             return None
         if not raw_out and response_ids is None:
             reason = "no response recorded (content capture off, or the call never finished)"
-            skipped.append(Skipped(span_id=outer.span_id, reason=reason))
+            skipped.append(Skipped(span_id=outer.span_id, agent_name=agent, reason=reason))
             return None
         response = from_genai(raw_out[0]) if raw_out else {"role": "assistant", "content": None}
         response["role"] = "assistant"
         finish = (raw_out[0].get("finish_reason") if raw_out else None) or _first_finish(call)
         if self.air.malformed_tool_call is not None and _malformed(response, tools):
             call.rewards.append(self.air.malformed_tool_call)
-        if self.agent_match is not None and (agent is None or not self.agent_match.fullmatch(agent)):
-            skipped.append(Skipped(span_id=outer.span_id,
+        if self.agent_match is not None and (agent is None or not self.agent_match.search(agent)):
+            skipped.append(Skipped(span_id=outer.span_id, agent_name=agent,
                                    reason=f"agent {agent!r} does not match agent_match {self.agent_match.pattern!r}"))
             return None
         model = call.first(semconv.GEN_AI_RESPONSE_MODEL) or call.first(semconv.GEN_AI_REQUEST_MODEL)
@@ -319,7 +324,7 @@ class TransitionBuilder:
                 finish_reason=str(finish) if finish is not None else None,
             )
         except SchemaError as exc:
-            skipped.append(Skipped(span_id=outer.span_id, reason=f"invalid record: {exc}"))
+            skipped.append(Skipped(span_id=outer.span_id, agent_name=agent, reason=f"invalid record: {exc}"))
             return None
 
 

@@ -316,6 +316,9 @@ def test_export_jsonl_with_filters(filled: Filled, tmp_path: Path) -> None:
             str(solver))
     rows = [agl.Transition.from_json(line) for line in solver.read_text().splitlines()]
     assert [(t.rollout_id, t.agent_name, t.index) for t in rows] == [(filled.ok[2], "solver", i) for i in (2, 3, 4)]
+    searched = tmp_path / "olv.jsonl"  # a search, as agent_match is: "olv" is in "solver"
+    agl_cli("export", "--db", str(filled.db), "--agent", "olv", "--task", "apples-2", str(searched))
+    assert searched.read_text() == solver.read_text()
     succeeded = tmp_path / "ok.jsonl"
     agl_cli("export", "--db", str(filled.db), "--status", "succeeded", "--agent", "plan.*", str(succeeded))
     assert len(succeeded.read_text().splitlines()) == 6

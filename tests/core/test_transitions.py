@@ -108,7 +108,7 @@ def test_best_token_source_wins() -> None:
     assert t.token_source == "gateway" and t.prompt_token_ids == [9]
 
 
-def test_agent_match_selects_by_full_name_and_reports_the_rest() -> None:
+def test_agent_match_is_searched_in_the_name_and_reports_the_rest() -> None:
     calls = []
     spans: list[Span] = []
     for name in ["writer", "checker", "rewriter"]:
@@ -121,9 +121,23 @@ def test_agent_match_selects_by_full_name_and_reports_the_rest() -> None:
     assert [t.agent_name for t in traj.transitions] == ["writer", "rewriter"]
     assert [t.index for t in traj.transitions] == [0, 1]
     assert [s.span_id for s in traj.skipped] == [calls[1].span_id]
-    assert "checker" in traj.skipped[0].reason
-    only = TransitionBuilder(agent_match="writer").build(rollout(*spans))
-    assert [t.agent_name for t in only.transitions] == ["writer"]  # "rewriter" is not a full match
+    assert "checker" in traj.skipped[0].reason and traj.skipped[0].agent_name == "checker"
+    # Agent Lightning's semantics, which ported configs bring: a search, so "writer" is in "rewriter" too
+    searched = TransitionBuilder(agent_match="writer").build(rollout(*spans))
+    assert [t.agent_name for t in searched.transitions] == ["writer", "rewriter"]
+    only = TransitionBuilder(agent_match="^writer$").build(rollout(*spans))
+    assert [t.agent_name for t in only.transitions] == ["writer"]
+
+
+def test_agent_match_write_selects_write_query_and_rewrite_query() -> None:
+    spans: list[Span] = []
+    for name in ["write_query", "check_query", "rewrite_query"]:
+        a = agent(name)
+        spans += [a, llm(a, f"{name} prompt", f"{name} answer")]
+    traj = TransitionBuilder(agent_match="write").build(rollout(*spans, reward(1.0)))
+    assert [t.agent_name for t in traj.transitions] == ["write_query", "rewrite_query"]
+    assert [(s.agent_name, s.reason) for s in traj.skipped] == [
+        ("check_query", "agent 'check_query' does not match agent_match 'write'")]
 
 
 def test_failed_and_empty_calls_are_reported_not_dropped() -> None:

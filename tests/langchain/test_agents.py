@@ -68,9 +68,9 @@ def _sql_llm() -> FakeChat:
 def _check_sql_run(run: agl.RolloutRun) -> None:
     every = run.trajectory()
     assert [t.agent_name for t in every.transitions] == ["writer", "checker", "rewriter", "checker"]
-    writer = run.trajectory(builder=agl.TransitionBuilder(agent_match="writer"))
+    writer = run.trajectory(builder=agl.TransitionBuilder(agent_match="^writer$"))  # a search: anchored
     assert [t.response["content"] for t in writer.transitions] == ["SELECT nme FROM t"]
-    assert [s.reason for s in writer.skipped].count("agent 'checker' does not match agent_match 'writer'") == 2
+    assert [s.reason for s in writer.skipped].count("agent 'checker' does not match agent_match '^writer$'") == 2
     both = run.trajectory(builder=agl.TransitionBuilder(agent_match="writer|rewriter"))
     assert [t.agent_name for t in both.transitions] == ["writer", "rewriter"]
     assert [t.index for t in both.transitions] == [0, 1] and both.reward == 1.0

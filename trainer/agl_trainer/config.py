@@ -23,7 +23,7 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
     credit:
       method: final              # final | discounted | custom
       gamma: 1.0
-    agent_match: "writer|rewriter"
+    agent_match: "writer|rewriter"  # a regex searched in the agent name ("write": write_query and rewrite_query)
     air: {tool_error: -0.1, tool_exception: -0.1}
     workers: {count: 4}          # or {count: 8, ray: "auto"}; count 0: run `agl worker` yourself
     server: {host: 127.0.0.1, port: 0, db: agl.db}    # or {url: "http://host:8000", token: ...}
@@ -214,7 +214,8 @@ class Config(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     credit: CreditConfig = Field(default_factory=CreditConfig)
     agent_match: str | None = None
-    """Regex of the agent names whose LLM calls are trained (None: every call)."""
+    """Regex searched in the agent names whose LLM calls are trained (``re.search``, Agent Lightning's semantics:
+    ``write`` selects ``write_query`` and ``rewrite_query``; ``^writer$`` one name); None: every call."""
     air: AirConfig = Field(default_factory=AirConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     server: ServerSection = Field(default_factory=ServerSection)

@@ -9,6 +9,10 @@ scored batch and its rows; the backend adds the update's side (``ratio_first_mea
 is 1 when the trainer computes the sampler's own logprobs; ``sampler_kl``; ``clip_fraction``).
 :func:`signal_warnings` turns them into one line per cause.
 
+:func:`nothing_trained` is the loudest of them: a step that trained no transition, with the
+agent names its rollouts' calls had and why each call was left out, since an ``agent_match`` that
+selects nothing otherwise looks like any step (``reward 0.000 loss 0.0000``).
+
 Every number goes to the server's metrics (the dashboard draws them) and into the run's
 summary with the rest of the step.
 """
@@ -16,13 +20,15 @@ summary with the rest of the step.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agl_core.schema import Trajectory
 from agl_trainer.advantages import AdvantageStats
 from agl_trainer.rows import Row, RowStats
 
-__all__ = ["SignalBounds", "batch_signal", "signal_warnings", "warning_flags"]
+__all__ = ["SignalBounds", "batch_signal", "nothing_trained", "signal_warnings", "warning_flags"]
 
 
 @dataclass
@@ -92,3 +98,26 @@ def _causes(values: Mapping[str, float], bounds: SignalBounds) -> dict[str, str]
                               f"and train on nothing; the tasks are too easy or too hard for the policy, or "
                               f"group_size is too small")
     return out
+
+
+def nothing_trained(trajectories: Sequence[Trajectory], row_stats: RowStats, stats: AdvantageStats) -> str | None:
+    """One line when the step trained no transition, naming the agents seen and why their calls were not trained."""
+    if not trajectories or row_stats.transitions:
+        return None
+    agents: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    selected = 0
+    for trajectory in trajectories:
+        selected += len(trajectory.transitions)
+        agents.update(str(t.agent_name) for t in trajectory.transitions)
+        agents.update(str(s.agent_name) for s in trajectory.skipped)
+        reasons.update(s.reason for s in trajectory.skipped)
+    seen = ", ".join(f"{name!r} ({n})" for name, n in sorted(agents.items())) or "none (no LLM call was recorded)"
+    if not selected:
+        why = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common(3))
+        return (f"no transition trained: {len(trajectories)} rollouts, none of their LLM calls was selected; agent "
+                f"names seen: {seen}" + (f"; left out: {why}" if why else "") +
+                " (agent_match is a regex searched in the agent name)")
+    return (f"no transition trained: {selected} transitions of {len(trajectories)} rollouts were selected (agent "
+            f"names seen: {seen}) but none became a training row: {stats.no_reward} rollouts without a reward, "
+            f"{row_stats.no_token_ids} transitions without token ids")

@@ -49,7 +49,7 @@ from agl_core.schema import Trajectory
 from agl_trainer.advantages import AdvantageStats, ScoredRollout, compute_advantages
 from agl_trainer.rows import Row, RowMode, RowStats, build_rows
 from agl_trainer.server import TrainerServer
-from agl_trainer.signal_health import SignalBounds, batch_signal, signal_warnings, warning_flags
+from agl_trainer.signal_health import SignalBounds, batch_signal, nothing_trained, signal_warnings, warning_flags
 from agl_trainer.torch_backend import TorchBackend
 
 __all__ = ["LocalServer", "RemoteServer", "ServerLink", "StepBatch", "StepResult", "TrainConfig", "Trainer",
@@ -383,6 +383,10 @@ class Trainer:
                      "dropped_loss_tokens": float(row_stats.dropped_loss_tokens)})
         result.warnings = signal_warnings(result.metrics, cfg.signal_bounds)
         result.metrics.update(warning_flags(result.metrics, cfg.signal_bounds))
+        idle = nothing_trained(trajectories, row_stats, adv_stats)
+        result.metrics["warn_nothing_trained"] = 1.0 if idle else 0.0
+        if idle:
+            result.warnings.insert(0, idle)
         for line in result.warnings:
             logger.warning("agl train: step %d: %s", result.step, line)
         self.history.append(result)

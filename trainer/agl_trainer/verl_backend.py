@@ -477,7 +477,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     from agl_core.worker import run_on_ray
     from agl_trainer.gateway import OpenAIBackend
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
-    from agl_trainer.signal_health import signal_warnings, warning_flags
+    from agl_trainer.signal_health import nothing_trained, signal_warnings, warning_flags
     from agl_trainer.train_cli import _builder
     from agl_trainer.training import LocalServer, StepResult, score_batch, write_curves
 
@@ -532,9 +532,13 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
             # 3. score, rows: the torch backend's stage, on the builder's whole-run credit
             scored = score_batch(trajectories, step_cfg)
             adv_stats, rows, row_stats = scored.advantage_stats, scored.rows, scored.row_stats
-            if not rows:  # nothing to train on (no token ids): said loudly, the step still counts
-                logger.warning("agl train: step %d has no rows to train on (%d rollouts, %d without token ids)",
-                               step, len(trajectories), row_stats.no_token_ids)
+            idle = nothing_trained(trajectories, row_stats, adv_stats)
+            if idle:  # nothing selected, or nothing to train on (no token ids): said loudly
+                logger.warning("agl train: step %d: %s", step, idle)
+            if not rows:  # the step still counts
+                if not idle:
+                    logger.warning("agl train: step %d has no rows to train on (%d rollouts)", step,
+                                   len(trajectories))
                 server.model.set(max(step, server.model.version + 1), None)
                 continue
             # 4. DataProto: whole rollouts per mini-batch of verl's, in its ranks' order

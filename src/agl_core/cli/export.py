@@ -55,7 +55,8 @@ FORMATS = ("jsonl", "parquet", "hf")
 @store_options
 @click.option("--task", "task_id", metavar="TASK_ID", help="only this task's transitions")
 @click.option("--agent", "agent", metavar="REGEX",
-              help="only calls of agents whose whole name matches, e.g. 'writer|rewriter'")
+              help="only calls of agents whose name this regex is found in (a search, as agent_match: "
+                   "'write' keeps write_query and rewrite_query; '^writer$' one name)")
 @click.option("--status", type=click.Choice(["running", "succeeded", "failed", "timeout", "cancelled"]),
               multiple=True, help="only rollouts with this status (repeatable)")
 @click.option("--force", is_flag=True, help="replace OUT if it exists")
@@ -97,7 +98,7 @@ def _transitions(store: Store, rollout_ids: list[str], match: re.Pattern[str] | 
                  progress: _Progress) -> Iterator[Transition]:
     for rollout_id in rollout_ids:
         for t in store.transitions(rollout_id=rollout_id):
-            if match is None or match.fullmatch(t.agent_name or ""):
+            if match is None or match.search(t.agent_name or ""):
                 yield t
         progress.advance()
 
