@@ -67,8 +67,8 @@ def _pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 @click.option("--device", default="cpu", show_default=True, help="torch engine device (cpu, cuda)")
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
               help="torch engine: most sequences per batch")
-@click.option("--agent-match", metavar="REGEX", help="regex searched in the agent names whose calls become transitions ('write' selects write_query "
-              "and rewrite_query; '^writer$' one name)")
+@click.option("--agent-match", metavar="REGEX", help="regex searched in the agent names whose calls become "
+              "transitions ('write' selects write_query and rewrite_query; '^writer$' one name)")
 @click.option("--lease-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
               help="seconds a lease lasts without a heartbeat")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
