@@ -459,7 +459,7 @@ class AgentFrameworkInstrumentor(Instrumentor):
     framework: ClassVar[str] = "agent_framework"
     requirements: ClassVar[tuple[str, ...]] = ("agent-framework-core >= 1.23, < 2",)
 
-    _active = False
+    wrapper_mark: ClassVar[str] = _MARK
 
     def _attach(self) -> None:
         import agent_framework._tools as tools_module
@@ -474,9 +474,9 @@ class AgentFrameworkInstrumentor(Instrumentor):
         _Framework.UserInputRequired = UserInputRequiredException
         _Framework.BadArguments = getattr(tools_module, "_FunctionArgumentValidationError", ())
         self._active = True
-        self._hook_family(BaseChatClient, {"_inner_get_response": self._wrap_model_call})
+        self.hook_family(BaseChatClient, {"_inner_get_response": self._wrap_model_call})
         self.patch(ChatTelemetryLayer, "get_response", self._wrap_model_call)
-        self._hook_family(BaseAgent, {"run": self._wrap_run})
+        self.hook_family(BaseAgent, {"run": self._wrap_run})
         self.patch(tools_module, "_auto_invoke_function", self._wrap_auto_invoke)
         self.patch(FunctionTool, "invoke", self._wrap_invoke)
         for module in ("agent_framework._tools", "agent_framework.observability"):
@@ -486,47 +486,6 @@ class AgentFrameworkInstrumentor(Instrumentor):
 
     def _detach(self) -> None:
         self._active = False  # wrappers that someone still holds now pass straight through
-
-    # -- finding every class of a family ---------------------------------------------------
-
-    def _hook_family(self, base: type[Any], wrappers: dict[str, Callable[[Any], Any]]) -> None:
-        """Wrap ``wrappers``' methods on ``base`` and each subclass defining one, now and when defined later."""
-        seen: set[type[Any]] = set()
-        stack = [base]
-        while stack:
-            cls = stack.pop()
-            if cls in seen:
-                continue
-            seen.add(cls)
-            self._patch_class(cls, wrappers)
-            stack.extend(cls.__subclasses__())
-        self.patch(base, "__init_subclass__", lambda _: self._init_subclass_hook(base, wrappers))
-
-    def _patch_class(self, cls: type[Any], wrappers: dict[str, Callable[[Any], Any]]) -> None:
-        for attr, make in wrappers.items():
-            fn = cls.__dict__.get(attr)
-            if (fn is None or not inspect.isfunction(fn) or getattr(fn, "__isabstractmethod__", False)
-                    or hasattr(fn, _MARK)):
-                continue
-            self.patch(cls, attr, make)
-
-    def _init_subclass_hook(self, base: type[Any], wrappers: dict[str, Callable[[Any], Any]]) -> Any:
-        raw = base.__dict__.get("__init_subclass__")
-        plugin = self
-
-        def __init_subclass__(cls: type[Any], /, **kwargs: Any) -> None:
-            if raw is not None:
-                raw.__get__(None, cls)(**kwargs)
-            else:
-                super(base, cls).__init_subclass__(**kwargs)
-            if plugin._active:
-                try:
-                    plugin._patch_class(cls, wrappers)
-                except Exception as exc:  # noqa: BLE001 - fail-open: the class is still made
-                    report("agent_framework.init_subclass", exc)
-
-        setattr(__init_subclass__, _MARK, raw)
-        return classmethod(__init_subclass__)
 
     # -- model clients -----------------------------------------------------------------------
 

@@ -53,7 +53,6 @@ Every hook body is fail-open: a fault in agl's own code is reported through
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextvars import ContextVar, Token
@@ -306,7 +305,7 @@ class AutoGenInstrumentor(Instrumentor):
     framework: ClassVar[str] = "autogen_agentchat"
     requirements: ClassVar[tuple[str, ...]] = ("autogen-agentchat >= 0.7, < 0.8",)
 
-    _active = False
+    wrapper_mark: ClassVar[str] = _MARK
 
     def _attach(self) -> None:
         from autogen_agentchat.agents import AssistantAgent, BaseChatAgent
@@ -314,9 +313,9 @@ class AutoGenInstrumentor(Instrumentor):
         from autogen_core.tools import BaseStreamTool, BaseTool
 
         self._active = True
-        self._hook_family(ChatCompletionClient, {"create": self._wrap_create,
+        self.hook_family(ChatCompletionClient, {"create": self._wrap_create,
                                                  "create_stream": self._wrap_create_stream})
-        self._hook_family(BaseChatAgent, {"on_messages": self._wrap_on_messages,
+        self.hook_family(BaseChatAgent, {"on_messages": self._wrap_on_messages,
                                            "on_messages_stream": self._wrap_on_messages_stream})
         self.patch(AssistantAgent, "_execute_tool_call", lambda fn: staticmethod(self._wrap_execute_tool_call(fn)))
         self.patch(BaseTool, "run_json", self._wrap_run_json)
@@ -335,47 +334,6 @@ class AutoGenInstrumentor(Instrumentor):
 
     def _detach(self) -> None:
         self._active = False  # wrappers that someone still holds now pass straight through
-
-    # -- finding every class of a family ---------------------------------------------------
-
-    def _hook_family(self, base: type[Any], wrappers: dict[str, Callable[[Any], Any]]) -> None:
-        """Wrap ``wrappers``' methods on ``base`` and each subclass defining one, now and when defined later."""
-        seen: set[type[Any]] = set()
-        stack = [base]
-        while stack:
-            cls = stack.pop()
-            if cls in seen:
-                continue
-            seen.add(cls)
-            self._patch_class(cls, wrappers)
-            stack.extend(cls.__subclasses__())
-        self.patch(base, "__init_subclass__", lambda _: self._init_subclass_hook(base, wrappers))
-
-    def _patch_class(self, cls: type[Any], wrappers: dict[str, Callable[[Any], Any]]) -> None:
-        for attr, make in wrappers.items():
-            fn = cls.__dict__.get(attr)
-            if (fn is None or not inspect.isfunction(fn) or getattr(fn, "__isabstractmethod__", False)
-                    or hasattr(fn, _MARK)):
-                continue
-            self.patch(cls, attr, make)
-
-    def _init_subclass_hook(self, base: type[Any], wrappers: dict[str, Callable[[Any], Any]]) -> Any:
-        raw = base.__dict__.get("__init_subclass__")
-        plugin = self
-
-        def __init_subclass__(cls: type[Any], /, **kwargs: Any) -> None:
-            if raw is not None:
-                raw.__get__(None, cls)(**kwargs)
-            else:
-                super(base, cls).__init_subclass__(**kwargs)
-            if plugin._active:
-                try:
-                    plugin._patch_class(cls, wrappers)
-                except Exception as exc:  # noqa: BLE001 - fail-open: the class is still made
-                    report("autogen.init_subclass", exc)
-
-        setattr(__init_subclass__, _MARK, raw)
-        return classmethod(__init_subclass__)
 
     # -- model clients -----------------------------------------------------------------------
 

@@ -15,6 +15,10 @@ from typing import Any
 
 Message = dict[str, Any]
 
+_AS_PARTS = "agl.content_parts"
+"""Set on a conventions-format message whose content was sent as a one-text-part list, which the
+parts format alone cannot tell from a plain string; ``from_genai`` gives the list back."""
+
 
 def as_dict(obj: Any) -> dict[str, Any]:
     """A framework message object (dict, pydantic model, attrs-like) as a plain dict."""
@@ -59,12 +63,15 @@ def to_genai(message: Any, finish_reason: str | None = None) -> dict[str, Any]:
     """One OpenAI chat message (dict or SDK object) in the conventions' parts format."""
     msg = as_dict(message)
     role = msg.get("role") or "user"
+    one_text_listed = False
     if role == "tool":
         parts: list[dict[str, Any]] = [
             {"type": "tool_call_response", "id": msg.get("tool_call_id"), "response": msg.get("content")}
         ]
     else:
-        parts = _content_parts(msg.get("content"))
+        content = msg.get("content")
+        parts = _content_parts(content)
+        one_text_listed = isinstance(content, list) and len(parts) == 1 and parts[0].get("type") == "text"
     reasoning = msg.get("reasoning_content") or msg.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
         parts.insert(0, {"type": "reasoning", "content": reasoning})
@@ -78,6 +85,8 @@ def to_genai(message: Any, finish_reason: str | None = None) -> dict[str, Any]:
         fn = as_dict(legacy)
         parts.append({"type": "tool_call", "id": None, "name": fn.get("name"), "arguments": fn.get("arguments")})
     out: dict[str, Any] = {"role": role, "parts": parts}
+    if one_text_listed:
+        out[_AS_PARTS] = True
     if msg.get("name"):
         out["name"] = msg["name"]
     if finish_reason is not None:
@@ -93,6 +102,16 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def _tool_content(response: Any) -> Any:
+    """A tool message's content as sent: a string, or the list of content parts it was (MCP results);
+    only a framework's structured result that was never chat content (a dict) becomes JSON text."""
+    if response is None or isinstance(response, str):
+        return response
+    if isinstance(response, list) and all(isinstance(p, dict) and "type" in p for p in response):
+        return response
+    return _as_text(response)
+
+
 def from_genai(message: Mapping[str, Any]) -> Message:
     """One conventions-format message back as an OpenAI chat message."""
     role = message.get("role") or "user"
@@ -102,7 +121,7 @@ def from_genai(message: Mapping[str, Any]) -> Message:
         response = next((p for p in parts if p.get("type") == "tool_call_response"), None)
         if response is not None:
             out["tool_call_id"] = response.get("id")
-            out["content"] = _as_text(response.get("response"))
+            out["content"] = _tool_content(response.get("response"))
             if message.get("name"):
                 out["name"] = message["name"]
             return out
@@ -123,7 +142,7 @@ def from_genai(message: Mapping[str, Any]) -> Message:
             out["refusal"] = part.get("content")
         else:
             content.append(dict(part))
-    if len(content) == 1 and content[0].get("type") == "text":
+    if len(content) == 1 and content[0].get("type") == "text" and not message.get(_AS_PARTS):
         out["content"] = content[0]["text"]
     elif content:
         out["content"] = content

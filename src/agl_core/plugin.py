@@ -15,6 +15,7 @@ app.py`` activates agl plugins too (entry-point group ``opentelemetry_instrument
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
@@ -22,6 +23,7 @@ from opentelemetry.instrumentation.dependencies import get_dependency_conflicts
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from agl_core import collector
+from agl_core.guard import report
 
 _MISSING = object()
 
@@ -32,6 +34,11 @@ class Instrumentor(BaseInstrumentor):  # type: ignore[misc]
     name: ClassVar[str] = ""
     framework: ClassVar[str] = ""
     requirements: ClassVar[tuple[str, ...]] = ()
+    #: The attribute a plugin sets on each of its wrappers (holding what it wraps), so a method
+    #: already wrapped is never wrapped again; :meth:`hook_family` needs it.
+    wrapper_mark: ClassVar[str] = ""
+    #: False once uninstrumented: wrappers someone still holds, and the subclass hook, pass through.
+    _active: bool = False
 
     _patches: list[tuple[Any, str, Any]]
 
@@ -84,3 +91,50 @@ class Instrumentor(BaseInstrumentor):  # type: ignore[misc]
                 delattr(owner, attr)
             else:
                 setattr(owner, attr, raw)
+
+    # -- finding every class of a family ---------------------------------------------------
+
+    def hook_family(self, base: type[Any], wrappers: dict[str, Callable[[Any], Any]]) -> None:
+        """Wrap ``wrappers``' methods on ``base`` and each subclass defining one, now and when defined later.
+
+        Subclasses that exist are found through ``__subclasses__`` recursively; ones defined
+        later (a user's own model client) through a patched ``__init_subclass__`` on ``base``,
+        which is undone with every other patch. A method counts as defined by a class when it
+        is a plain function in its ``__dict__``, not abstract and not already one of ours.
+        """
+        seen: set[type[Any]] = set()
+        stack = [base]
+        while stack:
+            cls = stack.pop()
+            if cls in seen:
+                continue
+            seen.add(cls)
+            self._patch_class(cls, wrappers)
+            stack.extend(cls.__subclasses__())
+        self.patch(base, "__init_subclass__", lambda _: self._init_subclass_hook(base, wrappers))
+
+    def _patch_class(self, cls: type[Any], wrappers: dict[str, Callable[[Any], Any]]) -> None:
+        for attr, make in wrappers.items():
+            fn = cls.__dict__.get(attr)
+            if (fn is None or not inspect.isfunction(fn) or getattr(fn, "__isabstractmethod__", False)
+                    or hasattr(fn, self.wrapper_mark)):
+                continue
+            self.patch(cls, attr, make)
+
+    def _init_subclass_hook(self, base: type[Any], wrappers: dict[str, Callable[[Any], Any]]) -> Any:
+        raw = base.__dict__.get("__init_subclass__")
+        plugin = self
+
+        def __init_subclass__(cls: type[Any], /, **kwargs: Any) -> None:
+            if raw is not None:
+                raw.__get__(None, cls)(**kwargs)
+            else:
+                super(base, cls).__init_subclass__(**kwargs)
+            if plugin._active:
+                try:
+                    plugin._patch_class(cls, wrappers)
+                except Exception as exc:  # noqa: BLE001 - fail-open: the class is still made
+                    report(f"{plugin.name}.init_subclass", exc)
+
+        setattr(__init_subclass__, self.wrapper_mark, raw)
+        return classmethod(__init_subclass__)

@@ -250,6 +250,10 @@ def rollout_fn(
     ``task_id=`` or ``store=`` as keywords to override); a returned number is
     the final reward. The wrapped function returns what the original returns;
     ``agent.last_run`` is the most recent :class:`RolloutRun`.
+
+    ``builder`` decides what is trained wherever the function runs: ``agent.builder`` is it, and
+    ``agl worker`` / ``agl train`` hand its settings to the server that builds the stored
+    transitions (a key the server or the training config sets otherwise is an error at start).
     """
 
     def decorate(func: Callable[..., Any]) -> Any:
@@ -281,6 +285,7 @@ def rollout_fn(
 
             wrapper = sync_wrapper
         wrapper.last_run = None
+        wrapper.builder = builder
         return wrapper
 
     return decorate(fn) if fn is not None else decorate

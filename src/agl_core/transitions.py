@@ -21,12 +21,21 @@ call, in call order:
    computed over every call of the run, trained or not.
 4. **Nothing is dropped silently**: each LLM call that does not become a
    transition is listed in ``Trajectory.skipped`` with the reason.
+
+One source of truth: a builder's :meth:`~TransitionBuilder.settings` (what it sets apart
+from the defaults, functions named ``pkg.module:name``) travel to the server that builds
+the stored transitions; :func:`merge_builders` joins the builder given in code
+(``@agl.rollout_fn(builder=...)``) with a config's or a server's, and a key both set to
+different values is a :class:`BuilderConflict` naming the two.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import re
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -212,6 +221,55 @@ class TransitionBuilder:
         self.credit = credit
         self.gamma = gamma
 
+    def settings(self, *, loadable: bool = True) -> dict[str, Any]:
+        """What this builder sets apart from the defaults, as JSON: functions as ``pkg.module:name``.
+
+        Raises ``ValueError`` for a function that cannot be named so (a lambda, a local function),
+        which no other process could load; ``loadable=False`` names it as well as it can instead.
+        """
+        name = function_spec if loadable else (lambda fn, what: _name_of(fn))
+        out: dict[str, Any] = {}
+        if self.agent_match is not None:
+            out["agent_match"] = self.agent_match.pattern
+        air = {f.name: getattr(self.air, f.name) for f in dataclasses.fields(AirRules)
+               if getattr(self.air, f.name) is not None}
+        if "custom" in air:
+            air["custom"] = name(air["custom"], "AirRules.custom")
+        if air:
+            out["air"] = air
+        if self.credit != "final":
+            out["credit"] = self.credit if isinstance(self.credit, str) else name(self.credit, "credit")
+        if self.gamma != 1.0:
+            out["gamma"] = self.gamma
+        return out
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> TransitionBuilder:
+        """The builder of :meth:`settings`; a function is imported from its ``pkg.module:name``."""
+        if not isinstance(settings, dict):
+            raise SchemaError("TransitionBuilder.settings", f"must be an object, got {type(settings).__name__}")
+        unknown = sorted(set(settings) - {"agent_match", "air", "credit", "gamma"})
+        if unknown:
+            raise SchemaError(f"TransitionBuilder.settings.{unknown[0]}",
+                              "is not a setting (agent_match, air, credit, gamma)")
+        air = {k: v for k, v in dict(settings.get("air") or {}).items() if v is not None}
+        rules = {f.name for f in dataclasses.fields(AirRules)}
+        for key, value in air.items():
+            if key not in rules:
+                raise SchemaError(f"TransitionBuilder.settings.air.{key}",
+                                  f"is not a rule ({', '.join(sorted(rules))})")
+            if key == "custom":
+                air[key] = load_function(str(value), "air.custom")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SchemaError(f"TransitionBuilder.settings.air.{key}", f"must be a number, got {value!r}")
+        credit = settings.get("credit", "final")
+        if credit not in ("final", "discounted"):
+            credit = load_function(str(credit), "credit")
+        gamma = settings.get("gamma", 1.0)
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
+            raise SchemaError("TransitionBuilder.settings.gamma", f"must be a number, got {gamma!r}")
+        return cls(agent_match=settings.get("agent_match"), air=AirRules(**air), credit=credit, gamma=float(gamma))
+
     def build(self, rollout: Rollout) -> Trajectory:
         """The trajectory of one finished rollout."""
         return self.build_from_spans(rollout.spans, rollout_id=rollout.id, task_id=rollout.task_id,
@@ -326,6 +384,87 @@ class TransitionBuilder:
         except SchemaError as exc:
             skipped.append(Skipped(span_id=outer.span_id, agent_name=agent, reason=f"invalid record: {exc}"))
             return None
+
+
+class BuilderConflict(ValueError):
+    """Two sources of a run's :class:`TransitionBuilder` set one key to different values."""
+
+    def __init__(self, conflicts: list[tuple[str, Any, Any]], first: str, second: str) -> None:
+        self.conflicts = conflicts
+        lines = "; ".join(f"{key}: {first} says {a!r}, {second} says {b!r}" for key, a, b in conflicts)
+        super().__init__(f"two transition builders disagree ({lines}): set each key in one place, or to the same "
+                         "value in both")
+
+
+def merge_builders(first: TransitionBuilder | None, second: TransitionBuilder | None, *,
+                   names: tuple[str, str] = ("the first builder", "the second builder")) -> TransitionBuilder | None:
+    """One builder holding what either sets; :class:`BuilderConflict` when both set a key to different values.
+
+    ``names`` say where each comes from (``"the agent's @agl.rollout_fn builder"``, ``"the config"``),
+    for the error. A key is set when it differs from the default; AIR rules count one by one.
+    """
+    if first is None or second is None:
+        return first if second is None else second
+    a, b = _comparable(first), _comparable(second)
+    conflicts = [(key, a[key], b[key]) for key in sorted(set(a) & set(b)) if a[key] != b[key]]
+    if conflicts:
+        raise BuilderConflict(conflicts, *names)
+    merged = {**a, **b}
+    air = {key.removeprefix("air."): value for key, value in merged.items() if key.startswith("air.")}
+    if "custom" in air:  # the function itself, not its name
+        air["custom"] = first.air.custom if first.air.custom is not None else second.air.custom
+    credit: Any = merged.get("credit", "final")
+    if credit not in ("final", "discounted"):
+        credit = first.credit if first.credit not in ("final", "discounted") else second.credit
+    return TransitionBuilder(agent_match=merged.get("agent_match"), air=AirRules(**air), credit=credit,
+                             gamma=merged.get("gamma", 1.0))
+
+
+def _comparable(builder: TransitionBuilder) -> dict[str, Any]:
+    """The builder's set keys, flat (``air.tool_error``), functions by their name so two imports compare equal."""
+    out: dict[str, Any] = {}
+    if builder.agent_match is not None:
+        out["agent_match"] = builder.agent_match.pattern
+    for f in dataclasses.fields(AirRules):
+        value = getattr(builder.air, f.name)
+        if value is not None:
+            out[f"air.{f.name}"] = _name_of(value) if callable(value) else value
+    if builder.credit != "final":
+        out["credit"] = builder.credit if isinstance(builder.credit, str) else _name_of(builder.credit)
+    if builder.gamma != 1.0:
+        out["gamma"] = builder.gamma
+    return out
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}:{name}" if module and name else repr(fn)
+
+
+def function_spec(fn: Callable[..., Any], what: str) -> str:
+    """``pkg.module:name`` of ``fn``, which :func:`load_function` loads back; ``ValueError`` when it cannot."""
+    spec = _name_of(fn)
+    module, _, name = spec.partition(":")
+    if not name or "<" in name or module == "__main__":
+        raise ValueError(f"{what} {spec} cannot be loaded by another process (a lambda, a local function or one "
+                         "defined in __main__): define it at the top of a module")
+    return spec
+
+
+def load_function(spec: str, what: str) -> Callable[..., Any]:
+    """The function ``pkg.module:name`` names; ``SchemaError`` naming ``what`` when it cannot be loaded."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise SchemaError(what, f"must look like pkg.module:function, got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise SchemaError(what, f"cannot load {spec}: {type(exc).__name__}: {exc}") from None
+    if not callable(obj):
+        raise SchemaError(what, f"{spec} is a {type(obj).__name__}, not a function")
+    return typing.cast(Callable[..., Any], obj)
 
 
 def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:

@@ -341,6 +341,13 @@ class Worker:
         self._down_delay = 0.5
         self._down_said = -math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._builder_lock = threading.Lock()
+        self._builder_joined = False
+        builder = getattr(fn, "builder", None)
+        # now, so a builder no server could load (a lambda among its functions) fails before any task is leased
+        self._builder_settings: dict[str, Any] = builder.settings() if builder is not None else {}
+        self._agent_name = agent if isinstance(agent, str) else \
+            f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
 
     # ------------------------------------------------------------------ control
 
@@ -388,10 +395,12 @@ class Worker:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop = None
-        if self.fatal is not None:
+        if self.fatal is not None and self.fatal.status in (401, 403):
             raise ServerError(self.fatal.status, f"the agl server at {self.url} refused this worker: "
                                                  f"{self.fatal.message}; pass the server's token (--token or "
                                                  f"AGL_TOKEN)", self.fatal.param)
+        if self.fatal is not None:
+            raise self.fatal
         return self.stats
 
     def _drain(self, slots: list[threading.Thread]) -> None:
@@ -428,6 +437,8 @@ class Worker:
             if not self._take():
                 return
             try:
+                if not self._join_builder():
+                    return
                 lease = self.tasks.lease(self.worker_id, wait_s=self.poll_s, lease_timeout=self.lease_timeout,
                                          retry=False)
             except AglError as exc:
@@ -462,6 +473,32 @@ class Worker:
                     self._posting.discard(lease.lease_id)
                     self._lost.discard(lease.lease_id)
                 self._last_work = time.monotonic()
+
+    def _join_builder(self) -> bool:
+        """Hand the agent's ``@agl.rollout_fn`` builder to the server, once, before the first lease; False: refused.
+
+        The server builds the stored transitions (it joins the gateway's token ids first), so the
+        builder given in code must reach it, or a call the code leaves out would be trained. A key
+        the server sets otherwise (``agl serve --agent-match``, a training config) is refused by it,
+        naming both values, and the worker stops with that error before running any task.
+        """
+        with self._builder_lock:
+            if self._builder_joined or not self._builder_settings:
+                return True
+            try:
+                self.tasks.client.request("POST", "/v1/builder", {
+                    "settings": self._builder_settings,
+                    "source": f"the agent's @agl.rollout_fn builder ({self._agent_name})"}, retry=False)
+            except ServerError as exc:
+                if exc.status in (401, 403):
+                    raise
+                hint = " (a server older than this worker: upgrade agl-trainer)" if exc.status == 404 else ""
+                self.fatal = ServerError(exc.status, f"the agl server at {self.url} refused the agent's builder: "
+                                                     f"{exc.message}{hint}", exc.param)
+                self._stopping.set()
+                return False
+            self._builder_joined = True
+            return True
 
     def _tasks_waiting(self) -> bool:
         """Whether tasks are queued but not leasable yet (backing off after a failed try): not idle, then."""

@@ -101,12 +101,14 @@ class _Sdk:
     def __init__(self) -> None:
         try:
             from agents import tracing
+            from agents.exceptions import AgentsException
             from agents.models.interface import Model
             from agents.tool_context import ToolContext
             from agents.tracing import span_data, spans
         except ImportError as exc:
             raise UnsupportedLayout(self._unknown(f"cannot import {exc.name or exc}")) from None
         self.model: type[Any] = Model
+        self.exception: type[Any] = AgentsException
         self.tool_context: type[Any] = ToolContext
         self.get_current_span: Callable[[], Any] = self._need(tracing, "get_current_span")
         self.span_classes: tuple[type[Any], ...] = (self._need(spans, "SpanImpl"), self._need(spans, "NoOpSpan"))
@@ -115,6 +117,8 @@ class _Sdk:
                                (ToolContext, ("from_agent_context",))):
             for method in methods:
                 self._need(owner, method)
+        if "__init__" not in AgentsException.__dict__:
+            raise UnsupportedLayout(self._unknown("AgentsException no longer defines __init__"))
         if not isinstance(ToolContext.__dict__.get("from_agent_context"), classmethod):
             raise UnsupportedLayout(self._unknown("ToolContext.from_agent_context is no longer a classmethod"))
         self.kinds: dict[type[Any], int] = {
@@ -156,16 +160,19 @@ _SCOPE, _AGENT, _TOOL, _HANDOFF, _GUARDRAIL, _SKIP = range(6)
 class _Node:
     """One open SDK span that matters to agl: its agl span (None for plain scopes) and the agent it runs under."""
 
-    __slots__ = ("sdk", "kind", "span", "agent", "token", "error", "exc", "call_id")
+    __slots__ = ("sdk", "kind", "span", "agent", "parent", "token", "error", "exc", "raised", "call_id")
 
-    def __init__(self, sdk: Any, kind: int, span: trace.Span | None, agent: str | None) -> None:
+    def __init__(self, sdk: Any, kind: int, span: trace.Span | None, agent: str | None,
+                 parent: _Node | None = None) -> None:
         self.sdk = sdk
         self.kind = kind
         self.span = span
         self.agent = agent
+        self.parent = parent  # the node current when this one started
         self.token: Token[Context] | None = None
         self.error: Any = None
         self.exc: BaseException | None = None
+        self.raised: BaseException | None = None  # an SDK exception made while this span was current
         self.call_id: str | None = None
 
 
@@ -213,7 +220,7 @@ class _Bridge:
                 span = collector.tracer().start_span(attributes.handoff_span_name(None))
             elif kind == _GUARDRAIL:
                 span = collector.tracer().start_span(attributes.guardrail_span_name(data.name))
-            node = _Node(sdk_span, kind, span, agent)
+            node = _Node(sdk_span, kind, span, agent, parent)
             if span is not None and mark_current:
                 node.token = otel_context.attach(trace.set_span_in_context(span))
             if len(self.nodes) >= _MAX_OPEN:
@@ -222,15 +229,38 @@ class _Bridge:
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("openai_agents.span_start", exc)
 
+    @staticmethod
+    def _traced(node: _Node | None) -> _Node | None:
+        """``node``, or the nearest node above it that has an agl span: an error the SDK reports on a span agl
+        does not mirror (a turn: a tripped input guardrail) belongs to the agent the turn is part of."""
+        while node is not None and node.span is None:
+            node = node.parent
+        return node
+
     def error(self, sdk_span: Any, error: Any) -> None:
         try:
             node = self.node(sdk_span)
+            if node is not None and node.span is None:
+                node = self._traced(node)
+                if node is None or node.error is not None:
+                    return
             if node is not None:
                 node.error = error
                 # the SDK reports a failed tool from inside its `except` block: the exception is still current
                 node.exc = sys.exc_info()[1]
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("openai_agents.span_error", exc)
+
+    def raising(self, exc: BaseException) -> None:
+        """The SDK made one of its exceptions (a tripped guardrail, too many turns) where the failing span is
+        current: it reports that span's error without the exception at hand and raises it after, so the span
+        takes its class as ``error.type``, as spans of the other plugins do."""
+        try:
+            node = self._traced(self.current())
+            if node is not None and node.raised is None:
+                node.raised = exc
+        except Exception as fault:  # noqa: BLE001 - fail-open
+            report("openai_agents.exception", fault)
 
     def finish(self, sdk_span: Any, reset_current: bool) -> None:
         node = self.nodes.get(id(sdk_span))
@@ -259,10 +289,11 @@ class _Bridge:
         elif kind == _GUARDRAIL:
             set_on(span, attributes.guardrail_attributes(data.name, data.triggered, node.agent))
         if node.error is not None:
+            exc = node.exc or node.raised
             if kind != _TOOL:
-                span.set_attribute(semconv.ERROR_TYPE, type(node.exc).__name__ if node.exc is not None else "error")
-            if node.exc is not None:
-                span.record_exception(node.exc)
+                span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__ if exc is not None else "error")
+            if exc is not None:
+                span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, attributes.error_message(node.error)))
         span.end()
 
@@ -417,6 +448,7 @@ class OpenAIAgentsInstrumentor(Instrumentor):
             self.patch(span_class, "finish", functools.partial(_span_finish, bridge=bridge))
             self.patch(span_class, "set_error", functools.partial(_span_error, bridge=bridge))
         self.patch(sdk.tool_context, "from_agent_context", functools.partial(_tool_context, bridge=bridge))
+        self.patch(sdk.exception, "__init__", functools.partial(_exception_init, bridge=bridge))
         self._active = True
 
     def _detach(self) -> None:
@@ -573,6 +605,16 @@ def _span_error(original: Callable[..., Any], bridge: _Bridge) -> Callable[..., 
         return original(span, error, *args, **kwargs)
 
     return set_error
+
+
+def _exception_init(original: Callable[..., Any], bridge: _Bridge) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __init__(exc: BaseException, *args: Any, **kwargs: Any) -> None:
+        original(exc, *args, **kwargs)
+        if bridge.nodes:
+            bridge.raising(exc)
+
+    return __init__
 
 
 def _tool_context(original: Any, bridge: _Bridge) -> Any:

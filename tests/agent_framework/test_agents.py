@@ -455,3 +455,29 @@ def test_uninstrument_restores_every_original() -> None:
     assert all(after[key] is value for key, value in before.items())
     assert Later.__dict__["_inner_get_response"] is original
     assert asyncio.run(Agent(client=EchoClient()).run("ab")).text == "ba"  # and the framework still works
+
+
+@tool
+def weather(city: str) -> list[Content]:
+    """Two text parts, the shape an MCP tool's result takes."""
+    return [Content.from_text(f"{city}: 18C"), Content.from_text("sunny")]
+
+
+@pytest.mark.parametrize("plugins", [["agent_framework", "openai"], ["agent_framework"]])
+async def test_content_given_as_parts_reaches_the_prompt_as_sent(plugins: list[str]) -> None:
+    """A tool result of several parts and a user turn of one part reach the prompt as the server got them."""
+    agl.uninstrument()
+    assert list(agl.instrument(plugins)) == plugins
+    try:
+        with FakeOpenAI(script=[tool_call("weather", {"city": "Paris"}, "c1"), "18C, sunny."]) as srv:
+            agent = Agent(client=chat_client(srv), name="w", instructions=SYSTEM, tools=[weather])
+            with agl.rollout("as-sent") as run:
+                await agent.run(Message(role="user", contents=[Content.from_text("Weather in Paris?")]))
+    finally:
+        agl.uninstrument()
+    # the framework joins a tool result's text parts into one string; an assistant message without text has
+    # content None in a transition, as OpenAI has it
+    sent = [[{"content": None, **m} if m["role"] == "assistant" else m for m in r.body["messages"]]
+            for r in srv.requests]
+    assert sent[1][-1]["content"] == "Paris: 18C\nsunny"
+    assert [t.prompt for t in run.trajectory().transitions] == sent

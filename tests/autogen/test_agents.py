@@ -583,3 +583,16 @@ async def test_no_state_is_left_behind(instrumented: list[str], monkeypatch: pyt
     assert not collector._open  # every rollout's buffer is gone
     assert attributes._memo.chars <= 20_000 + 2_000  # bounded: it starts over past the limit
     assert len(instrumentation._active["autogen"]._patches) == plugin_patches  # no patch per call or run
+
+
+async def test_content_given_as_a_list_reaches_the_prompt_as_sent(instrumented: list[str]) -> None:
+    """A ``UserMessage`` whose content is a list is sent as a list of parts; the prompt keeps that list."""
+    from autogen_core.models import SystemMessage
+
+    with FakeOpenAI(script=["18C."]) as srv:
+        with agl.rollout(task_id="t") as run:
+            await openai_client(srv).create([SystemMessage(content="Be brief."),
+                                             UserMessage(content=["Weather in Paris?"], source="user")])
+    sent = srv.requests[0].body["messages"]
+    assert sent[1]["content"] == [{"type": "text", "text": "Weather in Paris?"}]
+    assert run.trajectory().transitions[0].prompt == sent

@@ -692,3 +692,22 @@ def test_dumps_handles_pydantic_classes_and_instances() -> None:
 
     assert json.loads(dumps({"response_format": Answer}))["response_format"]["properties"]["value"]["type"] == "integer"
     assert json.loads(dumps(Answer(value=3))) == {"value": 3}
+
+
+# Content as sent: an MCP tool result is a list of parts, a user turn may be a one-part list (issue 16).
+_AS_SENT: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "18C"},
+                                                       {"type": "text", "text": "sunny"}]},
+    {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "one part"}]},
+]
+
+
+def test_list_content_reaches_the_prompt_as_sent(exporter: InMemorySpanExporter, server: FakeOpenAI) -> None:
+    _client(server).chat.completions.create(model="m", messages=_AS_SENT)
+    span = _only_span(exporter)
+    (t,) = TransitionBuilder().build_from_spans([collector.to_record(span)], rollout_id="r", task_id="t").transitions
+    assert t.prompt == _AS_SENT

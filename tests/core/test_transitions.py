@@ -311,3 +311,18 @@ def test_a_frameworks_own_chat_span_around_agls_lends_no_messages() -> None:
     (t,) = TransitionBuilder().build(rollout(root, theirs, ours)).transitions
     assert t.span_id == theirs.span_id and t.agent_name == "weather"  # the request is still the outer span's
     assert t.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}]
+
+
+@pytest.mark.parametrize("msg", [
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "18C"}]},
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    {"role": "assistant", "content": [{"type": "text", "text": "ok"}],
+     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "system", "content": "plain"},
+])
+def test_content_comes_back_as_sent(msg: dict[str, object]) -> None:
+    """A list of parts stays a list (never its JSON text), a string stays a string, in every role."""
+    from agl_core.messages import from_genai, to_genai
+
+    assert from_genai(json.loads(json.dumps(to_genai(msg)))) == msg

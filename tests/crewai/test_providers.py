@@ -161,3 +161,24 @@ def test_litellm_alone_still_yields_transitions(crewai_only: list[str], serve: S
     assert transition.token_source is None and transition.finish_reason == "stop"
     (span,) = [s for s in run.rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "chat"]
     assert srv.requests[0].headers["traceparent"] == f"00-{span.trace_id}-{span.span_id}-01"
+
+
+AS_SENT: list[dict[str, Any]] = [
+    {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "c1",
+     "content": [{"type": "text", "text": "18C"}, {"type": "text", "text": "sunny"}]},
+]
+
+
+def test_content_given_as_parts_reaches_the_prompt_as_sent(crewai_only: list[str], serve: Serve) -> None:
+    """An MCP-style tool result (a list of parts) and a one-part user turn stay lists in the prompt, as sent."""
+    srv = serve(["18C, sunny.", "18C, sunny."])
+    for llm in (LLM(model="openai/fake-model", is_litellm=True, base_url=srv.url, api_key="x"),
+                LLM(model="openai/fake-model", base_url=srv.url, api_key="x")):
+        with agl.rollout("as-sent") as run:
+            llm.call([dict(m) for m in AS_SENT])
+        (transition,) = run.trajectory().transitions
+        assert transition.prompt == AS_SENT
+    assert [r.body["messages"][-1]["content"] for r in srv.requests] == [AS_SENT[-1]["content"]] * 2

@@ -153,3 +153,24 @@ def test_only_the_langchain_plugin_still_records_every_call(instrumented: Instru
     assert first.attributes[semconv.GEN_AI_PROVIDER_NAME] == "openai"
     assert first.attributes[semconv.GEN_AI_RESPONSE_MODEL] == "policy"
     assert first.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] > 0
+
+
+@pytest.mark.parametrize("plugins", ["instrumented", "with_openai"])
+def test_a_tool_result_given_as_parts_reaches_the_prompt_as_sent(plugins: str, request: pytest.FixtureRequest) -> None:
+    """An MCP-style tool result (a list of text parts) stays that list in the prompt, never its JSON text."""
+    request.getfixturevalue(plugins)
+    parts = [{"type": "text", "text": "18C"}, {"type": "text", "text": "sunny"}]
+
+    @tool
+    def weather(city: str) -> list[dict[str, str]]:
+        """The weather in a city."""
+        return parts
+
+    replies = [{"tool_calls": [{"name": "weather", "arguments": {"city": "Paris"}, "id": "c1"}]}, "18C, sunny."]
+    with FakeOpenAI(script=replies) as srv:
+        with agl.rollout("t") as run:
+            create_agent(_llm(srv), [weather], name="solver").invoke({"messages": [("user", "Paris?")]})
+    sent = srv.requests[1].body["messages"][-1]
+    assert sent["content"] == parts
+    last = run.trajectory().transitions[1].prompt[-1]
+    assert (last["role"], last["tool_call_id"], last["content"]) == ("tool", "c1", parts)

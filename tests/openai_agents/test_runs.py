@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from agents import Agent, ModelSettings, RunConfig, Runner, function_tool, set_tracing_disabled
+from agents import Agent, ModelSettings, RunConfig, Runner, ToolOutputText, function_tool, set_tracing_disabled
 from agents.exceptions import UserError
 
 import agl_core as agl
@@ -406,3 +406,24 @@ def test_with_sensitive_data_kept_out_of_the_sdks_traces_tool_spans_keep_only_th
     # the model calls are the training data: their messages are kept (the tool's result is in the next prompt)
     traj = run.trajectory()
     assert traj.transitions[1].prompt[-1]["content"] == "Sunny in Paris, 21 C."
+
+
+# --------------------------------------------------------------------------- content as sent (issue 16)
+
+
+@function_tool
+def lookup(city: str) -> list[ToolOutputText]:
+    """Two text parts, the shape an MCP tool's result takes."""
+    return [ToolOutputText(text=f"{city}: 18C"), ToolOutputText(text="sunny")]
+
+
+def test_a_tool_result_given_as_parts_reaches_the_prompt_as_the_model_got_it(chat_model: Callable[..., Any]) -> None:
+    call = {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}, "id": "call_l1"}]}
+    with FakeOpenAI(script=[call, "18C and sunny."]) as srv:
+        agent = Agent(name="Weather agent", instructions="Answer briefly.", tools=[lookup], model=chat_model(srv))
+        with agl.rollout(task_id="weather") as run:
+            run_agent(agent, QUESTION, "run")
+    sent = sent_messages(srv)[1]
+    tool_message = next(m for m in sent if m["role"] == "tool")
+    assert isinstance(tool_message["content"], list)  # what the SDK sends for an MCP-style result
+    assert run.trajectory().transitions[1].prompt == sent

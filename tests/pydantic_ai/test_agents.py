@@ -294,3 +294,20 @@ def test_each_node_of_a_graph_is_an_agent_scope_and_agents_in_it_keep_their_name
     assert set(scopes) == {"Write", "Polish", "writer"}  # the agent's own graph nodes are not scopes
     assert scopes["writer"].parent_id == scopes["Write"].span_id
     assert scopes["Polish"].attributes["agl.pydantic_ai.graph.node"] == "Polish"
+
+
+@pytest.mark.parametrize("plugins", [["pydantic_ai", "openai"], ["pydantic_ai"]])
+def test_a_prompt_given_as_a_list_reaches_the_transition_as_sent(plugins: list[str]) -> None:
+    """A user prompt given as a sequence is sent as a list of parts (one here); the prompt keeps that list."""
+    agl.uninstrument()
+    assert list(agl.instrument(plugins)) == plugins
+    try:
+        with FakeOpenAI(script=[LOOKUP, "21C."]) as srv:
+            with agl.rollout("as-sent") as run:
+                weather_agent(srv).run_sync(["Weather in Paris?"])
+    finally:
+        agl.uninstrument()
+    sent = [[{"content": None, **m} if m["role"] == "assistant" else m for m in r.body["messages"]]
+            for r in srv.requests]
+    assert {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]} in sent[0]
+    assert [t.prompt for t in run.trajectory().transitions] == sent

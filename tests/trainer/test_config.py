@@ -129,7 +129,8 @@ def test_a_file_that_is_not_a_mapping_or_is_empty(tmp_path: Path) -> None:
 def test_the_run_is_built_as_the_config_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A custom credit function, AIR rules and agent_match reach the transition builder and the training loop."""
     from agl_core.credit import assign
-    from agl_trainer.train_cli import _builder, _train_config
+    from agl_trainer.config import transition_builder
+    from agl_trainer.train_cli import _train_config
 
     source = "def last(rewards, final):\n    return [0.0] * (len(rewards) - 1) + [final]\n"
     (tmp_path / "my_credit.py").write_text(source, encoding="utf-8")
@@ -139,7 +140,7 @@ def test_the_run_is_built_as_the_config_says(tmp_path: Path, monkeypatch: pytest
                        "algorithm": {"row_mode": "transition", "max_prompt_length": 64, "max_response_length": 16,
                                      "scale_advantages": False},
                        "data": {"path": "t.jsonl", "group_size": 3, "tasks_per_step": 5}}, base_dir=str(tmp_path))
-    builder = _builder(config)
+    builder = transition_builder(config)
     assert builder.agent_match.pattern == "writer" and builder.air.tool_error == -0.25 and builder.air.tool_ok is None
     assert assign([None, 0.5], 1.0, builder.credit) == [0.0, 1.0]
     train = _train_config(config, str(tmp_path / "out"))

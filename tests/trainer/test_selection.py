@@ -19,6 +19,8 @@ pytest.importorskip("transformers")
 
 import agl_core as agl  # noqa: E402
 from agl_core import collector, semconv  # noqa: E402
+from agl_core.store.http import ServerError  # noqa: E402
+from agl_core.testing import FakeOpenAI  # noqa: E402
 from agl_core.transitions import TransitionBuilder  # noqa: E402
 from agl_core.worker import Worker, point_openai_at  # noqa: E402
 from agl_trainer.demo.policy import PolicySpec, build_model, build_tokenizer  # noqa: E402
@@ -27,6 +29,8 @@ from agl_trainer.gateway import GatewayConfig, training_sampling  # noqa: E402
 from agl_trainer.server import ServerConfig, ServerThread, TrainerServer  # noqa: E402
 from agl_trainer.torch_backend import TorchBackend, TorchConfig  # noqa: E402
 from agl_trainer.training import StepResult, TrainConfig, Trainer  # noqa: E402
+
+from .conftest import ServerFactory  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -98,3 +102,53 @@ def test_a_step_that_trains_nothing_says_so_naming_the_agents_seen(tmp_path: Pat
     assert "4 x agent 'write_query' does not match agent_match '^write$'" in line
     assert [r.getMessage() for r in caplog.records if "no transition trained" in r.getMessage()] == [
         f"agl train: step 1: {line}"]
+
+
+# ---------------------------------------------------------------------- one source of truth for what is trained
+
+CODE_BUILDER = TransitionBuilder(agent_match="write")
+
+
+@agl.rollout_fn(builder=CODE_BUILDER)
+def checker_excluded_in_code(task: dict[str, Any]) -> float:
+    return write_then_check(task)
+
+
+def test_a_checker_excluded_in_code_is_never_trained(tmp_path: Path) -> None:
+    """The server (as `agl serve` starts it: no --agent-match) builds what the agent's own builder says."""
+    result, trainer = one_step(tmp_path, TransitionBuilder(), checker_excluded_in_code)
+    assert result.transitions == 4
+    assert trainer.last_batch is not None
+    assert {t.agent_name for s in trainer.last_batch.scored for t in s.trajectory.transitions} == {"write_query"}
+    server = trainer.server
+    assert isinstance(server, TrainerServer) and server.builder.settings() == {"agent_match": "write"}
+    stored = agl.SqliteStore(str(tmp_path / "agl.db")).transitions()
+    assert len(stored) == 4 and {t.agent_name for t in stored} == {"write_query"}
+
+
+def test_a_conflict_between_the_code_and_the_server_stops_the_worker_at_start(fake: FakeOpenAI,
+                                                                             make_server: ServerFactory) -> None:
+    thread = make_server(fake, builder=TransitionBuilder(agent_match="check"), builder_source="agl serve --agent-match")
+    worker = Worker(thread.url, checker_excluded_in_code, poll_s=0.05)
+    with pytest.raises(ServerError) as info:
+        worker.run()
+    server = thread.server
+    assert info.value.status == 409
+    assert (f"agent_match: agl serve --agent-match says 'check', the agent's @agl.rollout_fn builder "
+            f"({__name__}:checker_excluded_in_code) says 'write'") in str(info.value)
+    assert worker.stats.leased == 0 and server.builder.settings() == {"agent_match": "check"}
+
+
+def test_a_conflict_between_the_code_and_the_training_config_is_a_config_error() -> None:
+    from agl_trainer.config import ConfigError, transition_builder, validate
+
+    config = validate({"data": {"path": "t.jsonl"}, "agent": "pkg.mod:solve", "backend": {"model": "m"},
+                       "agent_match": "^write_query$", "air": {"tool_error": -0.5}})
+    with pytest.raises(ConfigError) as info:
+        transition_builder(config, CODE_BUILDER)
+    assert str(info.value).startswith("config error: agent_match: two transition builders disagree (agent_match: "
+                                      "the agent's @agl.rollout_fn builder (pkg.mod:solve) says 'write', the config "
+                                      "says '^write_query$')")
+    joined = transition_builder(validate({**config.model_dump(exclude={"agent_match"}), "air": {"tool_error": -0.5}}),
+                                CODE_BUILDER)
+    assert joined.settings() == {"agent_match": "write", "air": {"tool_error": -0.5}}  # each key set in one place

@@ -124,7 +124,7 @@ def serve(db: str, host: str, port: int, token: str | None, backend: str | None,
         header_timeout_s=header_timeout, body_timeout_s=body_timeout,
         gateway=GatewayConfig(served_model=model, model_rule=model_rule,
                               sampling_defaults=sampling_defaults, sampling_overrides=sampling_overrides),
-        builder=builder,
+        builder=builder, builder_source=f"agl serve --agent-match {agent_match!r}" if agent_match else "agl serve",
     )
     server = TrainerServer(config, chosen)
 

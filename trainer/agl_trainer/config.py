@@ -12,7 +12,7 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       name: torch                # torch (built in, one machine) | verl (a Ray cluster of GPUs)
       model: ./my-hf-model       # a Hugging Face causal LM folder
       device: cpu
-      lora: {r: 8, alpha: 16}    # optional; needs peft
+      lora: {r: 8, alpha: 16}    # optional; needs peft (the default above lora_above_params: docs/memory.md)
     algorithm:
       clip_epsilon: 0.2
       kl_coef: 0.0
@@ -24,7 +24,7 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       method: final              # final | discounted | custom
       gamma: 1.0
     agent_match: "writer|rewriter"  # a regex searched in the agent name ("write": write_query and rewrite_query)
-    air: {tool_error: -0.1, tool_exception: -0.1}
+    air: {tool_error: -0.1, tool_exception: -0.1}   # custom: my_pkg.rewards:tool_said_error, (span) -> reward | None
     workers: {count: 4}          # or {count: 8, ray: "auto"}; count 0: run `agl worker` yourself
     server: {host: 127.0.0.1, port: 0, db: agl.db}    # or {url: "http://host:8000", token: ...}
     run: {steps: 100, dir: agl-train}
@@ -66,7 +66,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 __all__ = [
     "AirConfig", "AlgorithmConfig", "BackendConfig", "Config", "ConfigError", "CreditConfig", "DataConfig",
     "LoraConfig", "RunConfig", "ServerSection", "ValidationConfig", "ValidationSampling", "VerlConfig",
-    "WorkersConfig", "apply_overrides", "load_config", "load_tasks", "load_validation_tasks",
+    "WorkersConfig", "apply_overrides", "code_builder", "load_config", "load_tasks", "load_validation_tasks",
+    "transition_builder",
 ]
 
 
@@ -131,6 +132,10 @@ class BackendConfig(_Section):
     device: Annotated[str, Field(pattern=_DEVICE)] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None
+    lora_above_params: PosInt | None = 1_000_000_000
+    """A model with more parameters than this and no ``lora`` trains LoRA adapters (docs/memory.md); null: never."""
+    gradient_checkpointing: bool = True
+    """Recompute each decoder layer in the backward pass instead of keeping its activations."""
     epochs: PosInt = 1
     minibatches: PosInt = 1
     max_tokens_per_forward: PosInt = 16384
@@ -174,6 +179,9 @@ class AirConfig(_Section):
     tool_exception: Float | None = None
     tool_timeout: Float | None = None
     malformed_tool_call: Float | None = None
+    custom: Annotated[str, Field(pattern=_AGENT)] | None = None
+    """``pkg.module:function``, ``function(span) -> reward | None``, called with every tool span (a tool that
+    reports failure as an ``"Error: ..."`` string with an ok status is the usual case)."""
 
 
 class WorkersConfig(_Section):
@@ -407,7 +415,8 @@ def check(config: Config) -> None:
                                                "Hugging Face model folder)")
         if not os.path.exists(os.path.join(model, "config.json")):
             raise ConfigError("backend.model", f"{model} has no config.json: not a Hugging Face model folder")
-    for key, spec in (("agent", config.agent), ("credit.function", config.credit.function)):
+    for key, spec in (("agent", config.agent), ("credit.function", config.credit.function),
+                      ("air.custom", config.air.custom)):
         if spec is None:
             continue
         module = spec.partition(":")[0]
@@ -417,6 +426,47 @@ def check(config: Config) -> None:
             found = None
         if found is None:
             raise ConfigError(key, f"no module {module!r} to import (for {spec}); is it on PYTHONPATH?")
+
+
+def transition_builder(config: Config, code: Any = None) -> Any:
+    """The run's ``TransitionBuilder``: the config's ``agent_match``, ``air`` and ``credit``, joined with ``code``.
+
+    ``code`` is the builder the agent's ``@agl.rollout_fn(builder=...)`` was given (:func:`code_builder`):
+    one source of truth for what is trained, so a key that both set to different values is a
+    :class:`ConfigError` at start, naming both values.
+    """
+    from agl_core.errors import SchemaError
+    from agl_core.transitions import AirRules, BuilderConflict, TransitionBuilder, load_function, merge_builders
+
+    rules: dict[str, Any] = config.air.model_dump(exclude={"custom"})
+    try:
+        if config.air.custom is not None:
+            rules["custom"] = load_function(config.air.custom, "air.custom")
+        credit: Any = config.credit.method
+        if credit == "custom":
+            credit = load_function(str(config.credit.function), "credit.function")
+    except SchemaError as exc:
+        raise ConfigError(exc.field, exc.problem) from None
+    kwargs: dict[str, Any] = {"air": AirRules(**rules), "credit": credit, "gamma": config.credit.gamma}
+    if config.agent_match is not None:
+        kwargs["agent_match"] = config.agent_match
+    ours = TransitionBuilder(**kwargs)
+    try:
+        return merge_builders(code, ours, names=(f"the agent's @agl.rollout_fn builder ({config.agent})",
+                                                 "the config"))
+    except BuilderConflict as exc:
+        raise ConfigError(exc.conflicts[0][0], str(exc)) from None
+
+
+def code_builder(config: Config) -> Any:
+    """The builder the agent's ``@agl.rollout_fn(builder=...)`` was given, or None (imports the agent's module)."""
+    from agl_core.worker import load_agent
+
+    try:
+        agent = load_agent(config.agent)
+    except ValueError as exc:
+        raise ConfigError("agent", str(exc)) from None
+    return getattr(agent, "builder", None)
 
 
 def load_tasks(config: Config) -> list[Any]:

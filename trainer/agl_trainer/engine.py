@@ -34,11 +34,15 @@ answers them (``prompt_token_ids``, per-choice ``token_ids``, per-token
   from a trainer in the same process, or ``POST /v1/model`` with a path (a
   ``save_pretrained`` folder, a ``.safetensors`` file or a ``torch.save``'d state
   dict). Parameters keep their storage, so an optimizer holding them stays valid.
+  A trainer in the same process can instead train the very model the engine serves
+  (:meth:`agl_trainer.torch_backend.TorchBackend.engine`: one set of weights): it holds
+  :meth:`TorchEngine.paused` while it updates them and then calls :meth:`TorchEngine.serve_version`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -48,7 +52,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,7 +121,8 @@ class TorchEngine:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
         # transformers 5 renamed the KV-cache argument and output from past_key_values to cache
-        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft passes kwargs on
+        self._cache_arg = "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
         self._generator = torch.Generator(device="cpu")
         if seed is not None:
             self._generator.manual_seed(seed)
@@ -168,6 +173,17 @@ class TorchEngine:
         with self._lock, torch.no_grad():
             for key, value in state_dict.items():
                 params[key].copy_(value.to(device=params[key].device, dtype=params[key].dtype))
+            self.version = version
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No batch generates inside this block (one that is generating finishes first)."""
+        with self._lock:
+            yield
+
+    def serve_version(self, version: int) -> None:
+        """Calls from the next batch on are ``version`` (a trainer changed the shared weights in place)."""
+        with self._lock:
             self.version = version
 
     async def update_weights(self, weights: str | None, version: int) -> None:

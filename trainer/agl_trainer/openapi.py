@@ -128,6 +128,8 @@ _MODEL = _obj({
                                                   "see training_sampling), which a trainer checks against its own."},
 }, ("model", "version", "weights", "updated_at", "sampling"))
 
+_BUILDER = _obj({"settings": {"type": "object"}, "source": _STRING}, ("settings", "source"))
+
 _MESSAGE = _obj({
     "role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
     "content": _nullable({"anyOf": [_STRING, {"type": "array"}]}),
@@ -383,6 +385,16 @@ def _paths() -> dict[str, Any]:
                                                                "maximum": MAX_MODEL_VERSION}),
                                          "weights": _nullable(_STRING)}, extra=True)),
                         errors=(409, 502, 503, 504)),
+        },
+        "/v1/builder": {
+            "get": _op("What the server trains: its TransitionBuilder's settings (agent_match, air, credit, gamma; "
+                       "functions as pkg.module:name) and where they come from.", {200: _json(_BUILDER)}),
+            "post": _op("Join a client's builder (a worker's @agl.rollout_fn builder, a remote trainer's config) to "
+                        "the server's: from now on stored transitions are built with both; a key the server sets to "
+                        "another value is refused (409, naming both values).",
+                        {200: _json(_BUILDER)},
+                        body=_body(_obj({"settings": {"type": "object"}, "source": _NON_EMPTY}, ("settings",))),
+                        errors=(409,)),
         },
         "/v1/metrics": {
             "get": _op("Training metrics, by step.", {200: _json(_obj({"data": {"type": "array", "items": _obj({

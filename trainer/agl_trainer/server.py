@@ -115,7 +115,10 @@ class ServerConfig:
     sweep_interval_s: float = 1.0
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     builder: TransitionBuilder | None = None
-    """How the server turns a posted rollout into transitions; None: ``TransitionBuilder()``."""
+    """How the server turns a posted rollout into transitions; None: ``TransitionBuilder()``. A client's builder
+    (``POST /v1/builder``: a worker's agent, a remote trainer's config) joins it; a key set otherwise is refused."""
+    builder_source: str = "the server's builder"
+    """Where ``builder`` comes from, for the error that names both sides of a conflict (``agl serve --agent-match``)."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -242,6 +245,8 @@ class TrainerServer:
         self.model = _ModelState(config.db_path)
         self._metrics = _Metrics(config.db_path)
         self.builder = config.builder or TransitionBuilder()
+        self.builder_source = config.builder_source
+        self._builder_lock = threading.Lock()
         self.dashboard = Dashboard(self.store)
         self.backend = backend
         self.gateway = Gateway(backend, self.records, config.gateway, model_version=lambda: self.model.version,
@@ -276,6 +281,8 @@ class TrainerServer:
             Route("/v1/trajectories", self.list_trajectories, methods=["GET"]),
             Route("/v1/model", self.get_model, methods=["GET"]),
             Route("/v1/model", self.post_model, methods=["POST"]),
+            Route("/v1/builder", self.get_builder, methods=["GET"]),
+            Route("/v1/builder", self.post_builder, methods=["POST"]),
             Route("/v1/metrics", self.get_metrics, methods=["GET"]),
             Route("/v1/metrics", self.post_metrics, methods=["POST"]),
             *self.dashboard.routes(),
@@ -393,6 +400,44 @@ class TrainerServer:
             raise ApiError(400, "'weights' must be a string (a path the backend can read) or null", "weights")
         await self.publish(version, weights)
         return await self.get_model(request)
+
+    # ------------------------------------------------------------------ what is trained
+
+    async def get_builder(self, request: Request) -> Response:
+        return _json({"settings": self.builder.settings(loadable=False), "source": self.builder_source})
+
+    async def post_builder(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        settings, source = body.get("settings"), body.get("source", "the client's builder")
+        if not isinstance(settings, dict):
+            raise ApiError(400, "'settings' must be an object (TransitionBuilder.settings())", "settings")
+        if not isinstance(source, str) or not source:
+            raise ApiError(400, "'source' must be a non-empty string (where the builder comes from)", "source")
+        await run_in_threadpool(self.join_builder, settings, source)
+        return await self.get_builder(request)
+
+    def join_builder(self, settings: dict[str, Any], source: str) -> None:
+        """Build transitions with ``settings`` (a client's builder) from now on, joined with the server's own.
+
+        One source of truth for what is trained: a key the server's builder sets to another value
+        raises :class:`ApiError` 409 naming both; a function the server cannot import, 400.
+        """
+        from agl_core.transitions import BuilderConflict, merge_builders
+
+        try:
+            theirs = TransitionBuilder.from_settings(settings)
+        except SchemaError as exc:
+            raise ApiError(400, f"{exc}: the server builds the stored transitions, so it must load every function "
+                                "the builder names (install the module where `agl serve` runs)",
+                           exc.field.replace("TransitionBuilder.", "")) from None
+        with self._builder_lock:
+            try:
+                merged = merge_builders(self.builder, theirs, names=(self.builder_source, source))
+            except BuilderConflict as exc:
+                raise ApiError(409, str(exc), "settings") from None
+            if merged is not None and merged.settings(loadable=False) != self.builder.settings(loadable=False):
+                self.builder = merged
+                self.builder_source = f"{self.builder_source} joined with {source}"
 
     # ------------------------------------------------------------------ metrics
 

@@ -1,17 +1,24 @@
 """The built-in training backend: any Hugging Face causal LM, on CPU or one GPU, updated with PPO-clip.
 
-:class:`TorchBackend` holds the model being trained (its own copy: the engine that
-serves the agents keeps generating from its weights while a step runs), its
-optimizer and, with ``kl_coef``, a frozen reference copy. Per step:
+:class:`TorchBackend` holds the model being trained and its optimizer. Per step:
 
 1. rows whose sampling logprobs were not recorded get them from the current weights
    (so their ratio starts at 1), and with ``kl_coef`` every row gets the reference's;
 2. ``epochs`` passes over the rollouts in ``minibatches`` parts, one optimizer step per
    part, each part's rows in micro-batches of at most ``max_tokens_per_forward`` tokens
    whose gradients add up to the part's (the loss is divided by the part's rollouts);
-3. :meth:`publish` copies the new weights into the serving engine in place
-   (:meth:`agl_trainer.engine.TorchEngine.swap_weights`), so the next rollouts sample
-   from them: on-policy.
+3. :meth:`publish` makes the new weights the ones the engine serves, so the next rollouts
+   sample from them: on-policy.
+
+**One set of weights** (``docs/memory.md``): :meth:`TorchBackend.engine` serves the policy
+itself, no copy. An update then holds the engine between two batches (no token is generated
+from half-updated weights), and :meth:`publish` only bumps the version. An engine built on a
+model of its own (another process, or a copy) is sent the weights by
+:meth:`~agl_trainer.engine.TorchEngine.swap_weights`, in place.
+
+Also for memory: gradient checkpointing (``gradient_checkpointing``, on by default), and
+logprobs and entropy taken ``logit_chunk_tokens`` positions at a time
+(:func:`agl_trainer.loss.token_logprobs`), never a whole ``[tokens, vocab]`` float32 tensor.
 
 Logprobs are computed at ``TorchConfig.temperature``, the temperature the engine sampled
 at (the gateway enforces it in training runs), so they are of the distribution whose
@@ -25,9 +32,12 @@ and the model's parameters are the copy rounded to their dtype after every step.
 stepping bf16 weights directly loses every update smaller than half a bf16 step (one
 part in 256): at ``lr`` 1e-6 almost no weight moves. float16 adds a dynamic loss scale.
 
-LoRA (``lora=LoraOptions(...)``, needs ``peft``): only the adapters train; the engine
-is served merged weights (base + the adapters' delta), computed without touching the
-trained model.
+LoRA (``lora=LoraOptions(...)``, needs ``peft``; by default for a model of more than
+``lora_above_params`` parameters): only the adapters train. The KL reference is the same
+model with its adapters disabled, not a second model. A shared engine serves the model with
+its adapters; any other engine is sent merged weights (base + the adapters' delta), computed
+without touching the trained model. Full fine-tuning with ``kl_coef`` keeps a frozen copy as
+its reference (its base weights move).
 
 :meth:`save` and :meth:`load` checkpoint weights, optimizer state, step and version,
 so a run resumes where it stopped.
@@ -35,18 +45,26 @@ so a run resumes where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agl_trainer.loss import policy_loss, token_logprobs
 from agl_trainer.rows import Row
 
-__all__ = ["LoraOptions", "MasterWeights", "TorchBackend", "TorchConfig"]
+__all__ = ["LORA_ABOVE_PARAMS", "LoraOptions", "MasterWeights", "TorchBackend", "TorchConfig"]
+
+logger = logging.getLogger("agl.trainer")
+
+LORA_ABOVE_PARAMS = 1_000_000_000
+"""Models with more parameters than this train LoRA adapters unless told otherwise: full fine-tuning
+takes about 18 bytes a parameter (``docs/memory.md``), so 1B is what a 24 GB GPU holds."""
 
 
 @dataclass
@@ -74,8 +92,15 @@ class TorchConfig:
     max_grad_norm: float | None = 1.0
     max_tokens_per_forward: int = 16384
     lora: LoraOptions | None = None
+    """LoRA adapters to train; None: full fine-tuning, unless the model is above ``lora_above_params``."""
+    lora_above_params: int | None = LORA_ABOVE_PARAMS
+    """A model with more parameters than this and no ``lora`` trains default :class:`LoraOptions`; None: never."""
     temperature: float = 1.0
     """The sampling temperature of the rows' recorded logprobs; the policy's logprobs are taken at it too."""
+    gradient_checkpointing: bool = True
+    """Keep each decoder layer's input only and recompute the layer in the backward pass."""
+    logit_chunk_tokens: int = 512
+    """Positions projected onto the vocabulary at a time when taking logprobs and entropy."""
 
 
 class TorchBackend:
@@ -89,18 +114,36 @@ class TorchBackend:
         self.config = config or TorchConfig()
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.pad_id = pad_id
-        model = model.to(self.device)
-        self.ref_model: Any = None
-        if self.config.kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).eval()
-            for p in self.ref_model.parameters():
-                p.requires_grad_(False)
-        if self.config.lora is not None:
-            model = _with_lora(model, self.config.lora)
         if not self.config.temperature > 0:
             raise ValueError(f"TorchConfig.temperature must be above 0, got {self.config.temperature!r}")
+        model = model.to(self.device)
+        n_params = sum(p.numel() for p in model.parameters())
+        above = self.config.lora_above_params
+        if self.config.lora is None and above is not None and n_params > above:
+            self.config.lora = LoraOptions()
+            logger.info("agl: %.2fB parameters, above lora_above_params (%.2fB): training LoRA adapters %s",
+                        n_params / 1e9, above / 1e9, asdict(self.config.lora))
+        self.ref_model: Any = None
+        if self.config.kl_coef > 0 and self.config.lora is None:
+            self.ref_model = copy.deepcopy(model).eval()  # full fine-tuning moves the base: the reference is a copy
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        if self.config.gradient_checkpointing:
+            if getattr(model, "supports_gradient_checkpointing", False):
+                enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5's name
+                if enable is not None:
+                    enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                else:
+                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                logger.warning("agl: %s does not support gradient checkpointing; training without it",
+                               type(model).__name__)
+        if self.config.lora is not None:
+            model = _with_lora(model, self.config.lora)
         self.model = model
         self.model.train()
+        self.shared_engine: Any = None
+        """The :class:`~agl_trainer.engine.TorchEngine` that serves :attr:`model` itself (:meth:`engine`)."""
         self.master = MasterWeights([p for p in self.model.parameters() if p.requires_grad])
         self.optimizer = torch.optim.AdamW(self.master.parameters, lr=self.config.lr, betas=self.config.betas,
                                            weight_decay=self.config.weight_decay)
@@ -115,15 +158,30 @@ class TorchBackend:
         rows = [r for r in rows if r.loss_tokens]
         if not rows:
             return {"rows": 0.0}
+        with self._holding_engine():
+            return self._update(rows, started)
+
+    @contextlib.contextmanager
+    def _holding_engine(self) -> Iterator[None]:
+        """The shared engine generates nothing meanwhile; the model is back in its mode after."""
+        was_training = self.model.training
+        held = self.shared_engine.paused() if self.shared_engine is not None else contextlib.nullcontext()
+        with held:
+            try:
+                yield
+            finally:
+                self.model.train(was_training)
+
+    def _update(self, rows: list[Row], started: float) -> dict[str, float]:
         self._fill_old_logprobs(rows)
-        ref = self._ref_logprobs(rows) if self.ref_model is not None else None
+        ref = self._ref_logprobs(rows) if self.config.kl_coef > 0 else None
         by_rollout: dict[str, list[int]] = {}
         for i, r in enumerate(rows):
             by_rollout.setdefault(r.rollout_id, []).append(i)
         rollout_ids = list(by_rollout)
         parts = max(1, min(self.config.minibatches, len(rollout_ids)))
         totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "approx_kl": 0.0,
-                  "grad_norm": 0.0}
+                  "entropy": 0.0, "grad_norm": 0.0}
         first = _FirstPass()
         passes = 0
         skipped = 0
@@ -139,8 +197,9 @@ class TorchBackend:
                                                 self.config.max_tokens_per_forward):
                     micro = [indices[j] for j in micro_ids]
                     batch = self._tensors([rows[i] for i in micro], [ref[i] for i in micro] if ref else None)
-                    logp = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
-                                          temperature=self.config.temperature)
+                    logp, entropy = token_logprobs(self.model, batch["input_ids"], batch["attention_mask"],
+                                                   temperature=self.config.temperature, with_entropy=True,
+                                                   chunk_tokens=self.config.logit_chunk_tokens)
                     parts_ = policy_loss(logp, batch["old"], batch["adv"], batch["weights"], rollouts=n_rollouts,
                                          clip_low=self.config.clip_low, clip_high=self.config.clip_high,
                                          ref_logp=batch.get("ref"), kl_coef=self.config.kl_coef)
@@ -151,6 +210,8 @@ class TorchBackend:
                     totals["kl"] += parts_.kl
                     for key in ("clip_fraction", "ratio_mean", "approx_kl"):
                         totals[key] += getattr(parts_, key) * share
+                    mask = batch["weights"] > 0
+                    totals["entropy"] += float((entropy.detach() * mask).sum()) / part_tokens
                     if passes == 0:  # no optimizer step yet: the policy is still the one that sampled
                         first.add(parts_)
                 norm, stepped = self.master.step(self.optimizer, self.config.max_grad_norm)
@@ -208,7 +269,8 @@ class TorchBackend:
                     ids[i, :len(r.input_ids)] = torch.tensor(r.input_ids)
                     attention[i, :len(r.input_ids)] = 1
                 lp = token_logprobs(model, ids.to(self.device), attention.to(self.device),
-                                    temperature=self.config.temperature).cpu()
+                                    temperature=self.config.temperature,
+                                    chunk_tokens=self.config.logit_chunk_tokens).cpu()
                 for i, j in enumerate(micro_ids):
                     out[j] = [0.0] + lp[i, :len(micro[i].input_ids) - 1].tolist()
         return out
@@ -224,7 +286,10 @@ class TorchBackend:
         self.model.train(was_training)
 
     def _ref_logprobs(self, rows: Sequence[Row]) -> list[list[float]]:
-        return self.logprobs(rows, self.ref_model)
+        if self.ref_model is not None:
+            return self.logprobs(rows, self.ref_model)
+        with self.model.disable_adapter():  # LoRA: the reference is the base, the adapters switched off
+            return self.logprobs(rows)
 
     # ------------------------------------------------------------------ weights
 
@@ -234,11 +299,67 @@ class TorchBackend:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         return _merged_lora_state(self.model)
 
+    def engine(self, tokenizer: Any, **kwargs: Any) -> Any:
+        """A :class:`~agl_trainer.engine.TorchEngine` that serves this backend's model itself: one set of weights.
+
+        ``kwargs`` go to the engine (``name``, ``max_batch``, ``seed``...). Updates pause its generation.
+        """
+        from agl_trainer.engine import TorchEngine
+
+        engine = TorchEngine(self.model, tokenizer, device=str(self.device), **kwargs)
+        self.shared_engine = engine
+        return engine
+
+    def shares(self, engine: Any) -> bool:
+        """Whether ``engine`` serves this backend's model itself (no weights to copy)."""
+        return getattr(engine, "model", None) is self.model
+
     def publish(self, engine: Any, version: int | None = None) -> int:
-        """Copy the current weights into a :class:`~agl_trainer.engine.TorchEngine`; return the version served."""
+        """Serve the current weights from a :class:`~agl_trainer.engine.TorchEngine`; return the version served.
+
+        An engine that shares the model (:meth:`engine`) only takes the new version; any other gets
+        the weights copied into its own, in place.
+        """
         self.version = self.step if version is None else version
-        engine.swap_weights(self.serving_state_dict(), self.version)
+        if self.shares(engine):
+            engine.serve_version(self.version)
+        else:
+            engine.swap_weights(self.serving_state_dict(), self.version)
         return self.version
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this backend holds, by what holds them, each tensor's storage counted once.
+
+        ``model``: the policy's parameters and buffers (with LoRA: the base and the adapters);
+        ``master``: float32 copies of low-precision trainable parameters (:class:`MasterWeights`);
+        ``optimizer``: AdamW's moments; ``grads``: gradients alive now (between steps: none);
+        ``reference``: the KL reference's own weights (0 with LoRA: the base is the reference);
+        ``engine``: weights a shared engine holds beyond the policy's (0: it serves the policy's own).
+        ``total`` is their sum. ``docs/memory.md`` turns these into bytes per parameter.
+        """
+        seen: set[int] = set()
+
+        def size(tensors: Any) -> int:
+            total = 0
+            for t in tensors:
+                if t is None:
+                    continue
+                storage = t.untyped_storage()
+                if storage.data_ptr() in seen:
+                    continue
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+            return total
+
+        out = {"model": size(list(self.model.parameters()) + list(self.model.buffers()))}
+        out["master"] = size(m for m, c in zip(self.master.parameters, self.master.copied, strict=True) if c)
+        out["optimizer"] = size(v for state in self.optimizer.state.values() for v in state.values()
+                                if isinstance(v, self.torch.Tensor) and v.dim() > 0)
+        out["grads"] = size([p.grad for p in self.model.parameters()] + [m.grad for m in self.master.parameters])
+        out["reference"] = size(self.ref_model.parameters()) if self.ref_model is not None else 0
+        out["engine"] = size(self.shared_engine.model.parameters()) if self.shared_engine is not None else 0
+        out["total"] = sum(out.values())
+        return out
 
     # ------------------------------------------------------------------ checkpoints
 

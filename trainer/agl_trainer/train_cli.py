@@ -42,7 +42,15 @@ from typing import Any
 
 import click
 
-from agl_trainer.config import Config, ConfigError, load_config, load_tasks, load_validation_tasks
+from agl_trainer.config import (
+    Config,
+    ConfigError,
+    code_builder,
+    load_config,
+    load_tasks,
+    load_validation_tasks,
+    transition_builder,
+)
 
 __all__ = ["TrainOutcome", "main", "run_training", "train"]
 
@@ -145,7 +153,7 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
     if config.backend.threads:
         torch.set_num_threads(config.backend.threads)
     torch.manual_seed(config.run.seed)
-    builder = _builder(config)
+    builder = transition_builder(config, code_builder(config))
     token = config.server.token or os.environ.get("AGL_TOKEN") or None
     local = None
     engine: Any = None
@@ -157,9 +165,10 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
                             timeout=config.run.step_timeout_s)
         url = link.url
         _check_remote_sampling(link, float(config.algorithm.temperature or 1.0))
+        _join_remote_builder(link, builder)
     backend, tokenizer = _torch_backend(config)
     if link is None:
-        local, engine = _local_server(config, builder, token, tokenizer)
+        local, engine = _local_server(config, builder, token, tokenizer, backend)
         link = local.server
         url = local.url
     worker = _start_workers(config, url, token)
@@ -225,21 +234,15 @@ def _check_remote_sampling(link: Any, temperature: float) -> None:
                           f"`agl serve ... --train-temperature {temperature:g}` (algorithm.temperature)")
 
 
-def _builder(config: Config) -> Any:
-    from agl_core.transitions import AirRules, TransitionBuilder
-    from agl_core.worker import load_agent
+def _join_remote_builder(link: Any, builder: Any) -> None:
+    """The server builds the stored transitions its dashboard and exports show: with this run's builder, or refused."""
+    from agl_core.errors import AglError
 
-    air = AirRules(**config.air.model_dump())
-    credit: Any = config.credit.method
-    if credit == "custom":
-        try:
-            credit = load_agent(str(config.credit.function))
-        except ValueError as exc:
-            raise ConfigError("credit.function", str(exc)) from None
-    kwargs: dict[str, Any] = {"air": air, "credit": credit, "gamma": config.credit.gamma}
-    if config.agent_match is not None:
-        kwargs["agent_match"] = config.agent_match
-    return TransitionBuilder(**kwargs)
+    try:
+        link.join_builder(builder, "agl train's config and the agent's @agl.rollout_fn builder")
+    except (AglError, ValueError) as exc:
+        link.close()
+        raise ConfigError("server.url", f"the server does not build transitions as this run trains: {exc}") from None
 
 
 def _torch_backend(config: Config) -> tuple[Any, Any]:
@@ -258,6 +261,7 @@ def _torch_backend(config: Config) -> tuple[Any, Any]:
                           clip_high=a.clip_epsilon_high if a.clip_epsilon_high is not None else a.clip_epsilon,
                           kl_coef=a.kl_coef, epochs=b.epochs, minibatches=b.minibatches, max_grad_norm=a.max_grad_norm,
                           max_tokens_per_forward=b.max_tokens_per_forward, lora=lora,
+                          lora_above_params=b.lora_above_params, gradient_checkpointing=b.gradient_checkpointing,
                           temperature=float(a.temperature or 1.0))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     return TorchBackend(model, options, device=b.device, pad_id=pad), tokenizer
@@ -275,11 +279,9 @@ class _Local:
         self.thread.stop()
 
 
-def _local_server(config: Config, builder: Any, token: str | None, tokenizer: Any) -> tuple[_Local, Any]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from agl_trainer.engine import TorchEngine
+def _local_server(config: Config, builder: Any, token: str | None, tokenizer: Any, backend: Any
+                  ) -> tuple[_Local, Any]:
+    """The server in this process; its engine serves the backend's model itself (one set of weights)."""
     from agl_trainer.gateway import GatewayConfig, training_sampling
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer, check_bind
 
@@ -289,13 +291,13 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
         raise ConfigError("server.token", str(exc)) from None
     b = config.backend
     path = config.path(b.model)
-    served = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, b.dtype))
-    engine = TorchEngine(served, copy.deepcopy(tokenizer), name=os.path.basename(os.path.normpath(path)),
-                         device=b.device, max_batch=b.max_batch, seed=config.run.seed)
+    engine = backend.engine(copy.deepcopy(tokenizer), name=os.path.basename(os.path.normpath(path)),
+                            max_batch=b.max_batch, seed=config.run.seed)
     overrides = training_sampling(float(config.algorithm.temperature or 1.0))
     server_config = ServerConfig(db_path=config.path(config.server.db), host=config.server.host,
                                  port=config.server.port, token=token, max_attempts=config.server.max_attempts,
                                  lease_timeout_s=config.server.lease_timeout_s, builder=builder,
+                                 builder_source="agl train (its config and the agent's @agl.rollout_fn builder)",
                                  gateway=GatewayConfig(sampling_overrides=overrides))
     server = TrainerServer(server_config, engine)
     return _Local(server, ServerThread(server).start()), engine
@@ -377,8 +379,8 @@ def _train_config(config: Config, folder: str) -> Any:
     a, v = config.algorithm, config.validation
     validation = ValidationSpec(load_validation_tasks(config), every=v.every, at_start=v.at_start, repeat=v.repeat,
                                 sampling=v.sampling.overrides()) if v is not None else None
-    # credit=None: the builder (``_builder``: credit.method, credit.gamma) credits every call of the run, trained
-    # or not, before agent_match picks the trained ones; crediting here again would see the trained calls alone
+    # credit=None: the builder (``transition_builder``: credit.method, credit.gamma) credits every call of the run,
+    # trained or not, before agent_match picks the trained ones; crediting here again would see the trained calls alone
     return TrainConfig(tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size, credit=None,
                        gamma=config.credit.gamma, scale_advantages=a.scale_advantages, row_mode=a.row_mode,
                        step_timeout_s=config.run.step_timeout_s, max_attempts=config.server.max_attempts,

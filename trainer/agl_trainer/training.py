@@ -343,6 +343,13 @@ class RemoteServer:
             return self.store.trajectories(rollout_ids=[r.id for r in runs]) if runs else [], errors
         return [self.builder.build(r) for r in runs], errors
 
+    def join_builder(self, builder: Any, source: str) -> None:
+        """Have the server build the stored transitions with ``builder`` too (``POST /v1/builder``); it refuses a
+        builder whose keys it sets otherwise (``ServerError`` 409, naming both values)."""
+        settings = builder.settings() if builder is not None else {}
+        if settings:
+            self.tasks.client.request("POST", "/v1/builder", {"settings": settings, "source": source})
+
     def current_version(self) -> int:
         _, data = self.tasks.client.request("GET", "/v1/model")
         return int(data.get("version") or 0)

@@ -475,10 +475,10 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
     from agl_core.worker import run_on_ray
+    from agl_trainer.config import code_builder, transition_builder
     from agl_trainer.gateway import OpenAIBackend
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
     from agl_trainer.signal_health import nothing_trained, signal_warnings, warning_flags
-    from agl_trainer.train_cli import _builder
     from agl_trainer.training import LocalServer, StepResult, score_batch, write_curves
 
     # 1. serve: agl's gateway in front of verl's first rollout replica
@@ -487,8 +487,9 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     host = "0.0.0.0"  # the workers run on other nodes: reachable beyond this one, so always with a token
     folder = config.path(config.run.dir)
     os.makedirs(folder, exist_ok=True)
+    builder = transition_builder(config, code_builder(config))  # the code's and the config's: one, or an error
     server = TrainerServer(ServerConfig(db_path=config.path(config.server.db), host=host, port=config.server.port,
-                                        token=token, builder=_builder(config), max_attempts=config.server.max_attempts,
+                                        token=token, builder=builder, max_attempts=config.server.max_attempts,
                                         gateway=verl_gateway_config(config)),
                            OpenAIBackend(f"http://{address}/v1"))
     thread = ServerThread(server).start()
