@@ -211,3 +211,60 @@ def test_validation_files_and_backends_that_cannot_validate_are_named(tmp_path: 
         validate({**BASE, "server": {"url": "http://127.0.0.1:8000"}, "validation": {"path": "val.jsonl"}})
     with pytest.raises(ConfigError, match=r"^config error: validation: is run by the torch backend's loop"):
         validate({**BASE, "backend": {"model": "m", "name": "verl"}, "validation": {"path": "val.jsonl"}})
+
+
+# ---------------------------------------------------------------------- through `agl train` itself
+
+
+def test_agl_train_validates_at_the_start_and_every_n_steps_through_its_cli(tmp_path: Path) -> None:
+    """``agl train train.yaml`` with a ``validation`` section, in a subprocess: the demo's LangGraph agent on its
+    tiny policy; the held-out set runs before step 1 and after step 2, greedy (every repeat of a task answers
+    alike, where training samples vary), never trained on, its reward in summary.json, the server's metrics,
+    the console and the reward curve."""
+    import json
+    import sqlite3
+
+    import agl_core as agl
+
+    from .test_train import run as agl_train_run
+    from .test_train import write_setup
+
+    write_setup(tmp_path, run={"steps": 2, "dir": "out", "checkpoint_every": 2},
+                data={"path": "tasks.jsonl", "group_size": 4, "tasks_per_step": 2},
+                validation={"path": "tasks.jsonl", "every": 2, "repeat": 3})
+    check = agl_train_run(["train.yaml", "--check"], tmp_path)
+    assert check.stdout.strip() == ("agl train: train.yaml is valid: 2 tasks, backend torch, 2 steps of 2 tasks x 4, "
+                                    "2 validation tasks every 2 steps")
+    result = agl_train_run(["train.yaml"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    validations = summary["validation"]
+    assert [v["step"] for v in validations] == [0, 2]
+    assert all(v["rollouts"] == 6 and v["failed_rollouts"] == 0 and v["sampling"] == {"temperature": 0.0}
+               for v in validations)
+    assert [s["rollouts"] for s in summary["steps"]] == [8, 8]  # a step trains on its own rollouts alone
+    lines = [line for line in result.stderr.splitlines() if line.startswith("validation at step")]
+    assert [line.split(":")[0] for line in lines] == ["validation at step 0", "validation at step 2"]
+    assert (f"agl train: validation reward {validations[0]['reward']:.3f} at step 0 -> "
+            f"{validations[1]['reward']:.3f} at step 2 (2 validations)") in result.stdout
+    assert (tmp_path / "out" / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+    with sqlite3.connect(tmp_path / "agl.db") as conn:  # what GET /v1/metrics and the dashboard's curves read
+        recorded = dict(conn.execute(
+            "SELECT step, value FROM trainer_metrics WHERE name = 'validation_reward_mean'").fetchall())
+    assert recorded == {0: pytest.approx(validations[0]["reward"]), 2: pytest.approx(validations[1]["reward"])}
+
+    store = agl.SqliteStore(str(tmp_path / "agl.db"))
+    try:
+        held_out = {i for v in validations for i in v["rollout_ids"]}
+        responses: dict[tuple[str, str], set[str]] = {}
+        for traj in store.trajectories():
+            kind = "validation" if traj.rollout_id in held_out else "train"
+            text = json.dumps([t.response_token_ids for t in traj.transitions])
+            responses.setdefault((kind, traj.task_id.split("#")[0]), set()).add(text)  # one step's group or repeats
+    finally:
+        store.close()
+    assert len(held_out) == 12
+    validation = {k: v for k, v in responses.items() if k[0] == "validation"}
+    assert len(validation) == 4 and all(len(v) == 1 for v in validation.values())  # greedy: 3 repeats, one answer
+    assert any(len(v) > 1 for k, v in responses.items() if k[0] == "train")  # sampled at 1.0: the group differs
