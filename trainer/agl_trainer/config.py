@@ -204,6 +204,8 @@ class ServerSection(_Section):
     """With ``url``: where new weights are written for the server to load (default ``<run.dir>/weights``)."""
     max_attempts: PosInt = 2
     lease_timeout_s: Annotated[Float, Field(gt=0.0)] = 600.0
+    upstreams: dict[str, Annotated[str, Field(pattern=r"^https?://")]] = Field(default_factory=dict)
+    """Frozen models by name, ``{judge: http://host:port/v1}``: the gateway relays their calls there, untrained."""
 
 
 class RunConfig(_Section):

@@ -298,7 +298,8 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
                                  port=config.server.port, token=token, max_attempts=config.server.max_attempts,
                                  lease_timeout_s=config.server.lease_timeout_s, builder=builder,
                                  builder_source="agl train (its config and the agent's @agl.rollout_fn builder)",
-                                 gateway=GatewayConfig(sampling_overrides=overrides))
+                                 gateway=GatewayConfig(sampling_overrides=overrides,
+                                                       upstreams=dict(config.server.upstreams)))
     server = TrainerServer(server_config, engine)
     return _Local(server, ServerThread(server).start()), engine
 

@@ -340,7 +340,8 @@ def verl_gateway_config(config: Config) -> Any:
     """agl's gateway in front of verl's replicas: every call sampled at ``algorithm.temperature``, as verl trains."""
     from agl_trainer.gateway import GatewayConfig, training_sampling
 
-    return GatewayConfig(sampling_overrides=training_sampling(float(config.algorithm.temperature or 1.0)))
+    return GatewayConfig(sampling_overrides=training_sampling(float(config.algorithm.temperature or 1.0)),
+                         upstreams=dict(config.server.upstreams))
 
 
 def compose_verl_config(overrides: Sequence[str]) -> Any:
