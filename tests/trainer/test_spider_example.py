@@ -63,6 +63,7 @@ def test_the_ported_spider_agent_trains_one_step_with_validation_and_a_frozen_ch
             args += ["--set", item]
         result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         checker_requests = list(checker.requests)
+        checker_address = checker.url.removeprefix("http://").removesuffix("/v1")
     assert result.returncode == 0, result.stderr[-3000:]
 
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -92,9 +93,9 @@ def test_the_ported_spider_agent_trains_one_step_with_validation_and_a_frozen_ch
     assert CHECKER_MODEL not in {t.model for t in trained}
     assert not any("You are a careful SQL reviewer" in str(t.prompt) for t in trained)
     # the frozen checker: traced, never a transition, and every one of its calls went to its own server
-    for traj in training:
-        assert [(s.agent_name, s.reason) for s in traj.skipped] == \
-            [("check_query", "agent 'check_query' does not match agent_match 'write'")] * MAX_TURNS
+    frozen = f"answered by the frozen model '{CHECKER_MODEL} at {checker_address}', not the policy: not trained"
+    for traj in training:  # agl worker marks a call sent past the policy's endpoint as a frozen model's
+        assert [(s.agent_name, s.reason) for s in traj.skipped] == [("check_query", frozen)] * MAX_TURNS
     checker_spans = {s.span_id: s for s in spans if s.attributes.get(semconv.GEN_AI_REQUEST_MODEL) == CHECKER_MODEL}
     calls = [s for s in checker_spans.values() if s.parent_id not in checker_spans]  # LangChain's span over openai's
     assert len(checker_requests) == len(calls) == 6 * MAX_TURNS  # 6 rollouts (2 trained, 4 held out)
