@@ -114,8 +114,8 @@ class ValidationResult:
         """As the server's ``record_metrics`` stores them, next to the training step's own numbers."""
         return {"validation_reward_mean": self.reward, "validation_rollouts": float(self.rollouts),
                 "validation_failed_rollouts": float(self.failed_rollouts),
-                "validation_failed_tasks": float(self.failed_tasks), "validation_no_reward": float(self.no_reward),
-                "validation_s": self.rollout_s}
+                "validation_failed_tasks": float(self.failed_tasks),
+                "validation_no_reward_rollouts": float(self.no_reward), "validation_s": self.rollout_s}
 
 
 @dataclass
