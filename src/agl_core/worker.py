@@ -41,7 +41,9 @@ reason within its ``max_attempts``, however it fails.
 A server that cannot be reached is said once and then at each step of a
 back-off (0.5 s doubling to 30 s) while the worker retries; ``idle_exit_s``
 counts that time as idle, and the worker then stops with the reason
-(``agl worker`` exits 1).
+(``agl worker`` exits 1). Posting a rollout or giving a lease back retries an
+unreachable server for 30 s (a restart), and for no longer than ``idle_exit_s``,
+so a server that went away mid-rollout stops the worker within that time too.
 """
 
 from __future__ import annotations
@@ -330,8 +332,11 @@ class Worker:
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
-        self.tasks = TaskClient(server, token)
-        self.store = HttpStore(server, token)
+        # a post or give-back retries an unreachable server (a restart) for up to 30 s; with idle_exit_s
+        # no longer than that, or a worker whose server went away mid-rollout would outlive its --idle-exit
+        retry_s = 30.0 if idle_exit_s is None else min(30.0, max(idle_exit_s, 0.5))
+        self.tasks = TaskClient(server, token, retry_s=retry_s)
+        self.store = HttpStore(server, token, retry_s=retry_s)
         self.url = self.tasks.url
         self._token = token
         self._policy: Policy | None = None
@@ -506,7 +511,6 @@ class Worker:
                     self._inflight.pop(lease.lease_id, None)
                     self._posting.discard(lease.lease_id)
                     self._lost.discard(lease.lease_id)
-                self._last_work = time.monotonic()
 
     def _join_builder(self) -> bool:
         """Hand the agent's ``@agl.rollout_fn`` builder to the server, once, before the first lease; False: refused.
@@ -562,10 +566,13 @@ class Worker:
                 f"cannot lease from the agl server at {self.url}: {exc}"
         if say:
             logger.warning("agl worker: %s; retrying in %g s", self.unreachable, delay)
-        if self.idle_exit_s is not None and now - self._last_work > self.idle_exit_s:
-            logger.warning("agl worker: no task for %g s (--idle-exit) while the server could not be reached: "
-                           "stopping", self.idle_exit_s)
-            self._stopping.set()
+        if self.idle_exit_s is not None:
+            left = self.idle_exit_s - (now - self._last_work)
+            if left <= 0:
+                logger.warning("agl worker: no task for %g s (--idle-exit) while the server could not be reached: "
+                               "stopping", self.idle_exit_s)
+                self._stopping.set()
+            delay = min(delay, max(left, 0.0) + 0.05)  # look again when the idle time is up, not a back-off later
         return delay
 
     def _reached(self) -> None:
@@ -641,6 +648,7 @@ class Worker:
                 self.stats.agent_errors += 1
             logger.info("agl worker: task %s attempt %d: the agent raised %s: %s", lease.task_id, lease.attempt,
                         type(exc).__name__, exc)
+        self._last_work = time.monotonic()  # the time spent posting to a server that went away is idle time
         if error is not None and is_infrastructure_error(error):
             with self._lock:
                 self.stats.infrastructure_errors += 1

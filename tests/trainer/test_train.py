@@ -98,6 +98,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["--set", "agent=solve"], "config error: agent: must look like pkg.module:function, got 'solve'"),
     (["--set", "agent=no_such_module:solve"],
      "config error: agent: no module 'no_such_module' to import (for no_such_module:solve); is it on PYTHONPATH?"),
+    (["--set", "air.custom=no_such_module:said_error"],
+     "config error: air.custom: no module 'no_such_module' to import (for no_such_module:said_error); is it on "
+     "PYTHONPATH?"),
     (["--set", "backend.device=gpu"], "config error: backend.device: 'gpu' is not one of: cpu, cuda, cuda:N, mps"),
     (["--set", "air.tool_eror=-1"],
      "config error: air.tool_eror: unknown key (did you mean tool_error?); allowed: tool_ok, tool_error, "
