@@ -52,7 +52,7 @@ from agl_trainer.config import (
     transition_builder,
 )
 
-__all__ = ["TrainOutcome", "main", "run_training", "train"]
+__all__ = ["TrainOutcome", "main", "run_training", "step_line", "train"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -390,8 +390,26 @@ def _train_config(config: Config, folder: str) -> Any:
                        curves_dir=folder, validation=validation)
 
 
+def step_line(r: Any, steps: int, elapsed: float) -> str:
+    """The console line of one step: reward and loss, and whether it trained anything.
+
+    The grad norm ("-": no update ran), the transitions trained of those the step's rollouts
+    selected, and the groups without spread (every rollout scored alike: no advantage to learn
+    from), so a step that trains nothing does not read like one that does.
+    """
+    width = 24
+    filled = int(round(min(1.0, r.step / max(steps, 1)) * width))
+    m = r.metrics
+    grad = f"{m['grad_norm']:7.4f}" if "grad_norm" in m else "      -"
+    trained = f"{int(m.get('transitions_trained', 0))}/{r.transitions}"
+    groups = f"{int(m.get('flat_groups', 0))}/{int(m.get('groups', 0))}"
+    return (f"step {r.step:>4}/{steps} [{'#' * filled}{'.' * (width - filled)}] reward {r.reward:6.3f} "
+            f"loss {m.get('loss', 0.0):7.4f} grad {grad} trained {trained} transitions, {groups} groups "
+            f"without spread {r.rollouts_per_s:5.1f} rollouts/s {elapsed:5.0f} s")
+
+
 class _Progress:
-    """One line per step (redrawn in place on a terminal): step, reward, loss, rollouts/s, elapsed."""
+    """One line per step (redrawn in place on a terminal): :func:`step_line`."""
 
     def __init__(self, steps: int, *, enabled: bool) -> None:
         self.steps = steps
@@ -406,11 +424,7 @@ class _Progress:
     def update(self, r: Any) -> None:
         if not self.enabled:
             return
-        width = 24
-        filled = int(round(min(1.0, r.step / max(self.steps, 1)) * width))
-        line = (f"step {r.step:>4}/{self.steps} [{'#' * filled}{'.' * (width - filled)}] reward {r.reward:6.3f} "
-                f"loss {r.metrics.get('loss', 0.0):7.4f} {r.rollouts_per_s:5.1f} rollouts/s "
-                f"{time.monotonic() - self.started:5.0f} s")
+        line = step_line(r, self.steps, time.monotonic() - self.started)
         print(line, end="\r" if self.tty else "\n", file=sys.stderr, flush=True)
 
     def validation(self, v: Any) -> None:

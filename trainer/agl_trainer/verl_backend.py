@@ -581,8 +581,10 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
                                 update_s=time.perf_counter() - collected,
                                 rollouts_per_s=len(trajectories) / rollout_s if rollout_s > 0 else 0.0, version=step,
                                 time=time.time(), truncated_rows=row_stats.truncated_rows,
-                                metrics={"loss": metrics.get("actor/pg_loss", 0.0), **metrics, **health,
-                                         **scored.signal()})
+                                metrics={"loss": metrics.get("actor/pg_loss", 0.0),
+                                         **({"grad_norm": metrics["actor/grad_norm"]}
+                                            if "actor/grad_norm" in metrics else {}),
+                                         **metrics, **health, **scored.signal()})
             result.warnings = signal_warnings(result.metrics)
             result.metrics.update(warning_flags(result.metrics))
             for line in result.warnings:
