@@ -34,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "emit_exception": "agl_core.rollouts",
     "current_rollout_id": "agl_core.rollouts",
     "resources": "agl_core.rollouts",
+    "policy": "agl_core.policy_endpoint",
+    "Policy": "agl_core.policy_endpoint",
     "tool_call": "agl_core.tools",
     "ToolCall": "agl_core.tools",
     "TransitionBuilder": "agl_core.transitions",
@@ -72,6 +74,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from agl_core.errors import AglError, PluginError, SchemaError, StoreError
     from agl_core.instrumentation import Instrumented, instrument, uninstrument
+    from agl_core.policy_endpoint import Policy, policy
     from agl_core.rollouts import (
         RolloutRun,
         current_rollout_id,

@@ -81,6 +81,8 @@ AGL_PROMPT_TOKEN_IDS: Final = "agl.llm.prompt_token_ids"
 AGL_RESPONSE_TOKEN_IDS: Final = "agl.llm.response_token_ids"
 AGL_RESPONSE_LOGPROBS: Final = "agl.llm.response_logprobs"
 AGL_TOKEN_SOURCE: Final = "agl.llm.token_source"
+AGL_FROZEN_MODEL: Final = "agl.llm.frozen_model"
+"""The frozen model (a gateway upstream, not the policy) that answered this call: it is never a transition."""
 AGL_TOOL_STATUS: Final = "agl.tool.status"  # ok | error | exception | timeout
 AGL_TOOL_CACHE_HIT: Final = "agl.tool.cache_hit"
 

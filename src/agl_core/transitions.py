@@ -19,7 +19,10 @@ call, in call order:
    reward is the last unnamed ``emit_reward``. Credit assignment
    (:mod:`agl_core.credit`) then gives each transition its credited reward,
    computed over every call of the run, trained or not.
-4. **Nothing is dropped silently**: each LLM call that does not become a
+4. **Frozen models are never trained**: a call the gateway relayed to a frozen
+   model's upstream, or that ``agl worker`` saw go to another server than the
+   policy's (``agl.llm.frozen_model`` on its span, and no gateway token ids), is skipped.
+5. **Nothing is dropped silently**: each LLM call that does not become a
    transition is listed in ``Trajectory.skipped`` with the reason.
 
 One source of truth: a builder's :meth:`~TransitionBuilder.settings` (what it sets apart
@@ -348,6 +351,11 @@ class TransitionBuilder:
         except ValueError as exc:
             skipped.append(Skipped(span_id=outer.span_id, agent_name=agent,
                                    reason=f"unreadable message attribute: {exc}"))
+            return None
+        frozen = call.first(semconv.AGL_FROZEN_MODEL)
+        if frozen is not None and call.first(semconv.AGL_TOKEN_SOURCE) != "gateway":
+            skipped.append(Skipped(span_id=outer.span_id, agent_name=agent,
+                                   reason=f"answered by the frozen model {frozen!r}, not the policy: not trained"))
             return None
         prompt_ids, response_ids, logprobs, source = call.tokens()
         if call.failed():

@@ -19,6 +19,11 @@ code: before the agent's module is imported, ``OPENAI_BASE_URL`` is set to the
 server's ``/v1`` and ``OPENAI_API_KEY`` to the server's token (the environment
 variables every OpenAI client reads), and ``agl.instrument()`` is on, so each
 call carries the ``traceparent`` that joins the gateway's token ids to it.
+Each rollout is also handed the policy's endpoint, ``agl.policy()`` (base URL,
+key, served model name): an agent with models that are not trained (a frozen
+judge) reaches the policy that way and runs with ``--no-gateway-env``, so those
+variables stay with its other models. Overwriting variables that pointed
+elsewhere is said once, naming that fix.
 
 Shutdown: the first SIGTERM (or SIGINT) stops leasing; rollouts in flight get
 ``grace_s`` seconds to finish and be posted, and those still running then are
@@ -36,7 +41,9 @@ reason within its ``max_attempts``, however it fails.
 A server that cannot be reached is said once and then at each step of a
 back-off (0.5 s doubling to 30 s) while the worker retries; ``idle_exit_s``
 counts that time as idle, and the worker then stops with the reason
-(``agl worker`` exits 1).
+(``agl worker`` exits 1). Posting a rollout or giving a lease back retries an
+unreachable server for 30 s (a restart), and for no longer than ``idle_exit_s``,
+so a server that went away mid-rollout stops the worker within that time too.
 """
 
 from __future__ import annotations
@@ -56,12 +63,13 @@ import threading
 import time
 import typing
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
 
 from agl_core.errors import AglError
+from agl_core.policy_endpoint import Policy, mark_calls_elsewhere, use_policy
 from agl_core.schema import Rollout, Trajectory
 from agl_core.store.http import HttpStore, ServerClient, ServerError
 
@@ -280,8 +288,20 @@ def load_agent(spec: str) -> Callable[..., Any]:
 
 
 def point_openai_at(server_url: str, token: str | None) -> None:
-    """Make every OpenAI client created from now on talk to the server's gateway."""
-    os.environ["OPENAI_BASE_URL"] = server_url.rstrip("/") + "/v1"
+    """Make every OpenAI client created from now on talk to the server's gateway.
+
+    An ``OPENAI_BASE_URL`` that pointed elsewhere is said once: whatever read it (a frozen judge)
+    now calls the policy.
+    """
+    gateway = server_url.rstrip("/") + "/v1"
+    before = os.environ.get("OPENAI_BASE_URL")
+    if before and before.rstrip("/") != gateway:
+        logger.warning("agl worker: OPENAI_BASE_URL was %s and now points at the policy's gateway %s, so every "
+                       "OpenAI client that reads it calls the policy and is trained; to keep other models (a frozen "
+                       "judge) on %s, reach the policy through agl.policy() and run agl worker --no-gateway-env, or "
+                       "give the frozen model its upstream (agl serve --upstream MODEL=%s)", before, gateway, before,
+                       before)
+    os.environ["OPENAI_BASE_URL"] = gateway
     os.environ["OPENAI_API_KEY"] = token or "agl-no-token"
 
 
@@ -312,9 +332,14 @@ class Worker:
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
-        self.tasks = TaskClient(server, token)
-        self.store = HttpStore(server, token)
+        # a post or give-back retries an unreachable server (a restart) for up to 30 s; with idle_exit_s
+        # no longer than that, or a worker whose server went away mid-rollout would outlive its --idle-exit
+        retry_s = 30.0 if idle_exit_s is None else min(30.0, max(idle_exit_s, 0.5))
+        self.tasks = TaskClient(server, token, retry_s=retry_s)
+        self.store = HttpStore(server, token, retry_s=retry_s)
         self.url = self.tasks.url
+        self._token = token
+        self._policy: Policy | None = None
         if set_openai_env:
             point_openai_at(self.url, token)
         if instrument:
@@ -486,7 +511,6 @@ class Worker:
                     self._inflight.pop(lease.lease_id, None)
                     self._posting.discard(lease.lease_id)
                     self._lost.discard(lease.lease_id)
-                self._last_work = time.monotonic()
 
     def _join_builder(self) -> bool:
         """Hand the agent's ``@agl.rollout_fn`` builder to the server, once, before the first lease; False: refused.
@@ -542,10 +566,13 @@ class Worker:
                 f"cannot lease from the agl server at {self.url}: {exc}"
         if say:
             logger.warning("agl worker: %s; retrying in %g s", self.unreachable, delay)
-        if self.idle_exit_s is not None and now - self._last_work > self.idle_exit_s:
-            logger.warning("agl worker: no task for %g s (--idle-exit) while the server could not be reached: "
-                           "stopping", self.idle_exit_s)
-            self._stopping.set()
+        if self.idle_exit_s is not None:
+            left = self.idle_exit_s - (now - self._last_work)
+            if left <= 0:
+                logger.warning("agl worker: no task for %g s (--idle-exit) while the server could not be reached: "
+                               "stopping", self.idle_exit_s)
+                self._stopping.set()
+            delay = min(delay, max(left, 0.0) + 0.05)  # look again when the idle time is up, not a back-off later
         return delay
 
     def _reached(self) -> None:
@@ -579,6 +606,23 @@ class Worker:
                 threading.Thread(target=self._loop.run_forever, name="agl-worker-loop", daemon=True).start()
             return self._loop
 
+    def policy(self) -> Policy:
+        """The policy's endpoint handed to each rollout (``agl.policy()``): the gateway, once asked its model's name."""
+        with self._lock:
+            if self._policy is not None:
+                return self._policy
+        try:
+            _, data = self.tasks.client.request("GET", "/v1/models", retry=False)
+            names = [m.get("id") for m in data.get("data", [])] if isinstance(data, dict) else []
+            model = str(names[0]) if names and names[0] else None
+        except AglError as exc:  # asked again for the next rollout
+            logger.warning("agl worker: could not ask the gateway for the policy's name (agl.policy().model is "
+                           "None): %s", exc)
+            return Policy(self.url + "/v1", self._token or "agl-no-token", None)
+        with self._lock:
+            self._policy = Policy(self.url + "/v1", self._token or "agl-no-token", model)
+            return self._policy
+
     def _run_one(self, lease: Lease) -> None:
         store = _LeaseStore(lease)
         kwargs: dict[str, Any] = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
@@ -590,10 +634,13 @@ class Worker:
         if served is not None:
             kwargs["resources_version"], kwargs["resources"] = served
         error: BaseException | None = None
+        endpoint = self.policy()
         try:
             if self.is_async:
-                asyncio.run_coroutine_threadsafe(self.agent(lease.task, **kwargs), self._event_loop()).result()
+                asyncio.run_coroutine_threadsafe(_with_policy(endpoint, self.agent(lease.task, **kwargs)),
+                                                 self._event_loop()).result()
             else:
+                use_policy(endpoint)
                 self.agent(lease.task, **kwargs)
         except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - its rollout's status (or a retry)
             error = exc
@@ -601,11 +648,14 @@ class Worker:
                 self.stats.agent_errors += 1
             logger.info("agl worker: task %s attempt %d: the agent raised %s: %s", lease.task_id, lease.attempt,
                         type(exc).__name__, exc)
+        self._last_work = time.monotonic()  # the time spent posting to a server that went away is idle time
         if error is not None and is_infrastructure_error(error):
             with self._lock:
                 self.stats.infrastructure_errors += 1
             self._give_back(lease, f"infrastructure: {type(error).__name__}: {error}")
             return
+        if store.rollout is not None:
+            mark_calls_elsewhere(store.rollout.spans, endpoint)
         if store.rollout is None:
             why = (f"the agent raised before its rollout began: {type(error).__name__}: {error}" if error is not None
                    else "the agent ran no rollout (is it an @agl.rollout_fn writing to the store it is given?)")
@@ -676,6 +726,12 @@ class Worker:
         self.stop(now=True)
         self.tasks.close()
         self.store.close()
+
+
+async def _with_policy(endpoint: Policy, run: Awaitable[Any]) -> Any:
+    """``run`` with ``agl.policy()`` set to ``endpoint`` (a task of its own: the setting stays in it)."""
+    use_policy(endpoint)
+    return await run
 
 
 # ---------------------------------------------------------------------- Ray

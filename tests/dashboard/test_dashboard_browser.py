@@ -216,3 +216,30 @@ def test_the_training_signal_panel_shows_the_last_steps_health_and_marks_what_th
         expect(table.locator("tr.signal-bad")).to_have_count(1)
         expect(page.locator("#signal-hint")).to_have_text("step 3 · 1 warning: see the marked rows")
         _only_this_server(page, thread.url)
+
+
+def test_the_validation_reward_is_a_curve_of_its_own_steps(page: Any, tmp_path: Any) -> None:
+    """As ``agl train`` records them: a validation before step 1 and after steps 2 and 4, training steps 1-4."""
+    from agl_trainer.gateway import OpenAIBackend
+    from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
+    from agl_trainer.training import ValidationResult
+
+    server = TrainerServer(ServerConfig(db_path=str(tmp_path / "agl.db"), port=0), OpenAIBackend("http://127.0.0.1:9/v1"))
+    with ServerThread(server) as thread:
+        for step in range(1, 5):
+            server.record_metrics(step, {"reward_mean": 0.1 * step, "loss": 1.0 / step, "no_reward_rollouts": 0.0})
+        for step, reward in [(0, 0.2), (2, 0.5), (4, 0.75)]:
+            validation = ValidationResult(step=step, reward=reward, rollouts=4, failed_rollouts=0, failed_tasks=0,
+                                          no_reward=0, rollout_s=1.0, version=step, time=0.0)
+            server.record_metrics(step, validation.values())
+        page.goto(thread.url + "/")
+        curves = page.locator("#curves svg.curve")
+        expect(curves).to_have_count(3)  # reward and loss curves: the validation's reward is one, no count of them
+        assert [curves.nth(i).get_attribute("data-metric") for i in range(3)] == [
+            "reward_mean", "validation_reward_mean", "loss"]
+        validation_curve = page.locator("#curves svg.curve[data-metric='validation_reward_mean']")
+        assert validation_curve.get_attribute("data-points") == "3"
+        expect(validation_curve.locator("text.title")).to_have_text("validation_reward_mean  (last 0.75)")
+        expect(validation_curve).to_contain_text("step 0")  # it starts before the first training step
+        expect(page.locator("#signal-hint")).to_have_text("step 4")
+        _only_this_server(page, thread.url)

@@ -19,7 +19,7 @@ from .conftest import ServerFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ["sql_agent", "rag_agent", "calc_agent", "crewai_agent", "openai_client_agent", "agent_framework_agent",
-            "pydantic_ai_agent"]
+            "pydantic_ai_agent", "spider_agent"]
 # what each example's BUILDER says (the framework suites check the BUILDERs themselves)
 RULES = {
     "sql_agent": ("writer|rewriter", {"tool_error": -0.5, "tool_exception": -0.5}),
@@ -29,6 +29,7 @@ RULES = {
     "openai_client_agent": (None, {"tool_error": -0.25, "tool_exception": -0.25, "malformed_tool_call": -0.25}),
     "agent_framework_agent": (None, {"tool_error": -0.3, "tool_exception": -0.3}),
     "pydantic_ai_agent": (None, {"tool_error": -0.2, "tool_exception": -0.2}),
+    "spider_agent": ("write", {"custom": "examples.spider_agent.agent:query_failed"}),
 }
 
 

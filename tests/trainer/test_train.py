@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -98,6 +99,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["--set", "agent=solve"], "config error: agent: must look like pkg.module:function, got 'solve'"),
     (["--set", "agent=no_such_module:solve"],
      "config error: agent: no module 'no_such_module' to import (for no_such_module:solve); is it on PYTHONPATH?"),
+    (["--set", "air.custom=no_such_module:said_error"],
+     "config error: air.custom: no module 'no_such_module' to import (for no_such_module:said_error); is it on "
+     "PYTHONPATH?"),
     (["--set", "backend.device=gpu"], "config error: backend.device: 'gpu' is not one of: cpu, cuda, cuda:N, mps"),
     (["--set", "air.tool_eror=-1"],
      "config error: air.tool_eror: unknown key (did you mean tool_error?); allowed: tool_ok, tool_error, "
@@ -150,11 +154,22 @@ def test_a_short_run_from_a_config_file_trains_records_and_resumes(tmp_path: Pat
     # its logprobs at it, so before the first update of each step the importance ratio is 1
     write_setup(tmp_path, algorithm={"lr": 2e-3, "row_mode": "trajectory", "max_prompt_length": 64,
                                      "max_response_length": 32, "temperature": 0.7})
-    result = run(["train.yaml", "--quiet"], tmp_path)
+    result = run(["train.yaml"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
     summary = json.loads((out / "summary.json").read_text())
     steps = summary["steps"]
+    # each step's console line says whether it trained: grad norm, transitions trained, groups without spread
+    lines = [line for line in result.stderr.splitlines() if line.startswith("step ")]
+    assert len(lines) == STEPS, result.stderr[-3000:]
+    for line, s in zip(lines, steps, strict=True):
+        found = re.search(r"grad +(\S+) trained (\d+)/(\d+) transitions, (\d+)/(\d+) groups without spread", line)
+        assert found, line
+        grad, trained, selected, flat, groups = found.groups()
+        assert float(grad) == pytest.approx(s["metrics"]["grad_norm"], abs=1e-4) and float(grad) > 0, line
+        assert (int(trained), int(selected)) == (s["metrics"]["transitions_trained"], s["transitions"]), line
+        assert 0 < int(trained) <= int(selected), line
+        assert (int(flat), int(groups)) == (s["metrics"]["flat_groups"], s["metrics"]["groups"]) and int(groups) == 2
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     assert all(s["rollouts"] == 16 and s["failed_rollouts"] == 0 and s["rows"] > 0 for s in steps)
     assert all(s["prefix_mismatches"] == 0 for s in steps) and sum(s["merged"] for s in steps) > 0
@@ -203,6 +218,19 @@ def test_a_short_run_from_a_config_file_trains_records_and_resumes(tmp_path: Pat
     assert [line for line in again.stderr.splitlines() if "without spread" in line] == [flat]
     assert flat.removeprefix("agl train: ") in summary["warnings"]
     assert f"of {STEPS + 1} steps warned about the training signal (summary.json 'warnings')" in again.stderr
+
+
+def test_a_step_that_trained_nothing_reads_so_on_its_console_line() -> None:
+    from agl_trainer.train_cli import step_line
+    from agl_trainer.training import StepResult
+
+    flat = StepResult(step=3, reward=1.0, final_reward=1.0, rollouts=16, failed_rollouts=0, failed_tasks=0,
+                      transitions=16, rows=0, merged=0, prefix_mismatches=0, rollout_s=2.0, update_s=0.0,
+                      rollouts_per_s=8.0, version=3, time=0.0,
+                      metrics={"groups": 2.0, "flat_groups": 2.0, "transitions_trained": 0.0})
+    line = step_line(flat, 10, 12.0)
+    assert line == ("step    3/10 [#######.................] reward  1.000 loss  0.0000 grad       - trained 0/16 "
+                    "transitions, 2/2 groups without spread   8.0 rollouts/s    12 s")
 
 
 def test_workers_as_ray_actors(tmp_path: Path) -> None:

@@ -41,6 +41,17 @@ def _pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
     return out
 
 
+def _upstreams(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """``MODEL=URL`` options as a dict of frozen models' base URLs."""
+    out: dict[str, str] = {}
+    for text in values:
+        name, sep, url = text.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise click.BadParameter(f"expected MODEL=http(s)://host:port/v1, got {text!r}")
+        out[name] = url
+    return out
+
+
 @click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--db", default="agl.db", show_default=True,
               help="the SQLite file for rollouts, the queue and token records")
@@ -55,8 +66,11 @@ def _pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 @click.option("--backend-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
               help="seconds to wait for the backend")
 @click.option("--model", help="the name the policy is served under (default: the backend's first model)")
-@click.option("--model-rule", type=click.Choice(["override", "passthrough"]), default="override", show_default=True,
-              help="override: every call goes to the served model; passthrough: the agent's model is sent")
+@click.option("--model-rule", type=click.Choice(["override", "strict", "passthrough"]), default="override",
+              show_default=True, help="override: every call goes to the served model; strict: a call for another "
+              "model (not an --upstream) is refused; passthrough: the agent's model is sent")
+@click.option("--upstream", "upstreams", multiple=True, metavar="MODEL=URL", callback=_upstreams,
+              help="a frozen model's own OpenAI base URL: calls for MODEL go there and are never trained (repeatable)")
 @click.option("--sampling-default", "sampling_defaults", multiple=True, metavar="KEY=VALUE", callback=_pairs,
               help="fill a sampling field the agent left out (repeatable)")
 @click.option("--sampling-override", "sampling_overrides", multiple=True, metavar="KEY=VALUE", callback=_pairs,
@@ -85,7 +99,8 @@ def _pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
               type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"], case_sensitive=False))
 def serve(db: str, host: str, port: int, token: str | None, backend: str | None, engine: str | None,
           backend_key: str | None, backend_timeout: float, model: str | None, model_rule: str,
-          sampling_defaults: dict[str, Any], sampling_overrides: dict[str, Any], train_temperature: float | None,
+          upstreams: dict[str, str], sampling_defaults: dict[str, Any], sampling_overrides: dict[str, Any],
+          train_temperature: float | None,
           device: str, max_batch: int,
           agent_match: str | None, lease_timeout: float, max_attempts: int, retry_backoff: float, max_body_mb: float,
           header_timeout: float, body_timeout: float, log_level: str) -> None:
@@ -122,7 +137,7 @@ def serve(db: str, host: str, port: int, token: str | None, backend: str | None,
         db_path=db, host=host, port=port, token=token, max_body_bytes=int(max_body_mb * 1024 * 1024),
         lease_timeout_s=lease_timeout, max_attempts=max_attempts, retry_backoff_s=retry_backoff,
         header_timeout_s=header_timeout, body_timeout_s=body_timeout,
-        gateway=GatewayConfig(served_model=model, model_rule=model_rule,
+        gateway=GatewayConfig(served_model=model, model_rule=model_rule, upstreams=upstreams,
                               sampling_defaults=sampling_defaults, sampling_overrides=sampling_overrides),
         builder=builder, builder_source=f"agl serve --agent-match {agent_match!r}" if agent_match else "agl serve",
     )

@@ -28,8 +28,12 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
     workers: {count: 4}          # or {count: 8, ray: "auto"}; count 0: run `agl worker` yourself
     server: {host: 127.0.0.1, port: 0, db: agl.db}    # or {url: "http://host:8000", token: ...}
     run: {steps: 100, dir: agl-train}
+    validation:                  # optional: a held-out set, run at the start and every N steps, never trained on
+      path: val.jsonl
+      every: 10
+      sampling: {temperature: 0.0}   # the gateway samples validation calls so (greedy by default)
 
-Relative paths (``data.path``, ``backend.model``, ``server.db``, ``run.dir``, ...) are
+Relative paths (``data.path``, ``validation.path``, ``backend.model``, ``server.db``, ``run.dir``, ...) are
 taken from the config file's folder. ``--set a.b=c`` overrides one key (the value is
 read as a YAML scalar: ``--set algorithm.lr=3e-4``, ``--set backend.lora=null``).
 
@@ -61,8 +65,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 
 __all__ = [
     "AirConfig", "AlgorithmConfig", "BackendConfig", "Config", "ConfigError", "CreditConfig", "DataConfig",
-    "LoraConfig", "RunConfig", "ServerSection", "VerlConfig", "VllmLoraConfig", "WorkersConfig", "apply_overrides",
-    "code_builder", "load_config", "load_tasks", "transition_builder",
+    "LoraConfig", "RunConfig", "ServerSection", "ValidationConfig", "ValidationSampling", "VerlConfig", "VllmLoraConfig",
+    "WorkersConfig", "apply_overrides", "code_builder", "load_config", "load_tasks", "load_validation_tasks",
+    "transition_builder",
 ]
 
 
@@ -222,6 +227,8 @@ class ServerSection(_Section):
     """With ``url``: where new weights are written for the server to load (default ``<run.dir>/weights``)."""
     max_attempts: PosInt = 2
     lease_timeout_s: Annotated[Float, Field(gt=0.0)] = 600.0
+    upstreams: dict[str, Annotated[str, Field(pattern=r"^https?://")]] = Field(default_factory=dict)
+    """Frozen models by name, ``{judge: http://host:port/v1}``: the gateway relays their calls there, untrained."""
 
 
 class RunConfig(_Section):
@@ -233,6 +240,38 @@ class RunConfig(_Section):
     seed: Int = 0
     resume: Bool = True
     """Continue from the checkpoint in ``dir`` when there is one."""
+
+
+class ValidationSampling(_Section):
+    """How validation calls sample: the gateway puts these in place of the training run's sampling while a
+    validation runs (fields left null are the agent's own)."""
+
+    temperature: Annotated[Float, Field(ge=0.0)] = 0.0
+    """0: greedy, so a validation reward moves only when the policy does."""
+    top_p: Annotated[Float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Int | None = None
+    max_tokens: PosInt | None = None
+    seed: Int | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        """The gateway's ``sampling_overrides`` during a validation."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class ValidationConfig(_Section):
+    """A held-out data set, run through the same agent and workers but never trained on."""
+
+    path: str
+    """A JSONL or JSON file of tasks, as ``data.path``."""
+    every: PosInt = 10
+    """Run after every this many training steps (and after the last step)."""
+    at_start: Bool = True
+    """Run once before the first step, so the curve starts from the untrained policy."""
+    repeat: PosInt = 1
+    """Rollouts per task."""
+    max_tasks: PosInt | None = None
+    """Only the first this many tasks of the file (None: all)."""
+    sampling: ValidationSampling = Field(default_factory=ValidationSampling)
 
 
 class Config(_Section):
@@ -250,6 +289,8 @@ class Config(_Section):
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     server: ServerSection = Field(default_factory=ServerSection)
     run: RunConfig = Field(default_factory=RunConfig)
+    validation: ValidationConfig | None = None
+    """A held-out set run at the start and every ``validation.every`` steps (None: no validation)."""
 
     base_dir: str = Field(default=".", exclude=True)
     """The config file's folder: relative paths are taken from here (not a key of the file)."""
@@ -389,11 +430,19 @@ def _cross_check(config: Config) -> None:
         raise ConfigError("server.url", f"must be an http:// or https:// URL, got {config.server.url!r}")
     if config.workers.ray is not None and config.workers.count == 0:
         raise ConfigError("workers.count", "must be at least 1 with workers.ray (the number of Ray actors)")
+    if config.validation is not None and config.server.url is not None:
+        raise ConfigError("validation", "is not available with server.url yet: a remote agl serve pins the training "
+                          "sampling on every call and offers no way to sample a validation at validation.sampling; "
+                          "leave server.url out (agl train starts its own server) or drop the validation section")
+    if config.validation is not None and config.backend.name == "verl":
+        raise ConfigError("validation", "is run by the torch backend's loop; with backend.name: verl use verl's own "
+                          "validation (backend.verl.overrides: data.val_files=..., trainer.test_freq=N)")
 
 
 def check(config: Config) -> None:
-    """The files and modules the config names exist: the data set loads, the model folder, the agent's module."""
+    """The files and modules the config names exist: the data sets load, the model folder, the agent's module."""
     load_tasks(config)
+    load_validation_tasks(config)
     if config.backend.name == "torch":
         model = config.path(config.backend.model)
         if not os.path.isdir(model):
@@ -457,22 +506,33 @@ def code_builder(config: Config) -> Any:
 
 def load_tasks(config: Config) -> list[Any]:
     """The data set's tasks: JSONL (one JSON value a line, blank lines skipped) or one JSON list."""
-    path = config.path(config.data.path)
+    return _read_tasks(config.path(config.data.path), "data.path")
+
+
+def load_validation_tasks(config: Config) -> list[Any]:
+    """The validation set's tasks (``validation.max_tasks`` of them at most); empty without a validation section."""
+    if config.validation is None:
+        return []
+    tasks = _read_tasks(config.path(config.validation.path), "validation.path")
+    return tasks[:config.validation.max_tasks] if config.validation.max_tasks else tasks
+
+
+def _read_tasks(path: str, key: str) -> list[Any]:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        raise ConfigError("data.path", f"no such file: {path}") from None
+        raise ConfigError(key, f"no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("data.path", f"cannot read {path}: {exc}") from None
+        raise ConfigError(key, f"cannot read {path}: {exc}") from None
     tasks: list[Any]
     if path.endswith(".json"):
         try:
             loaded = json.loads(text)
         except ValueError as exc:
-            raise ConfigError("data.path", f"{path} is not JSON: {exc}") from None
+            raise ConfigError(key, f"{path} is not JSON: {exc}") from None
         if not isinstance(loaded, list):
-            raise ConfigError("data.path", f"{path} must hold a JSON list of tasks, got a {type(loaded).__name__}")
+            raise ConfigError(key, f"{path} must hold a JSON list of tasks, got a {type(loaded).__name__}")
         tasks = loaded
     else:
         tasks = []
@@ -482,9 +542,9 @@ def load_tasks(config: Config) -> list[Any]:
             try:
                 tasks.append(json.loads(line))
             except ValueError as exc:
-                raise ConfigError("data.path", f"{path} line {number} is not JSON: {exc}") from None
+                raise ConfigError(key, f"{path} line {number} is not JSON: {exc}") from None
     if not tasks:
-        raise ConfigError("data.path", f"{path} holds no tasks")
+        raise ConfigError(key, f"{path} holds no tasks")
     return tasks
 
 

@@ -22,9 +22,19 @@ event) leaves. Streaming keeps the ids: they are read chunk by chunk.
 - ``model``: the gateway serves one policy, the model being trained. With
   ``model_rule="override"`` (the default) the agent's ``model`` is replaced by
   the served model's name, whatever the agent asked for, and the reply names
-  the served model, so spans and transitions say which model answered. With
-  ``"passthrough"`` the agent's ``model`` goes to the backend unchanged (a
-  backend serving several models, or LoRA adapters by name).
+  the served model, so spans and transitions say which model answered; the
+  first call for each other name is said in one warning naming the fixes below.
+  With ``"strict"`` a call for a model other than the served one is refused
+  (404, naming the fixes). With ``"passthrough"`` the agent's ``model`` goes to
+  the backend unchanged (a backend serving several models, or LoRA adapters by
+  name).
+- **Frozen models** (a judge, a checker, an answerer that is not trained):
+  ``upstreams`` maps a model name to its own OpenAI base URL (``agl serve
+  --upstream NAME=URL``). A call for that name is relayed there as the agent
+  sent it, nothing is recorded for training, and its LLM span is marked
+  ``agl.llm.frozen_model`` when the rollout is joined, so the builder leaves it
+  out (``Trajectory.skipped`` says why). An agent can equally reach the policy
+  through ``agl.policy()`` and leave ``OPENAI_BASE_URL`` to its other models.
 - Sampling fields (``temperature``, ``top_p``, ``max_tokens``, ``seed``,
   ``stop``, ``n``, ...): the agent's values are honoured, since they are part of
   the agent's behaviour; ``sampling_defaults`` fill in what the agent left out;
@@ -249,15 +259,21 @@ class GatewayConfig:
 
     served_model: str | None = None
     """The name the policy is served under; None: the backend's first model."""
-    model_rule: Literal["override", "passthrough"] = "override"
+    model_rule: Literal["override", "strict", "passthrough"] = "override"
+    upstreams: dict[str, str] = field(default_factory=dict)
+    """Frozen models by the name the agent calls them: ``{model: OpenAI base URL}``; relayed there, never trained."""
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     ask_token_ids: bool = True
     """Ask the backend for ``return_token_ids`` (vLLM >= 0.10.2, the torch engine); off for others."""
 
     def __post_init__(self) -> None:
-        if self.model_rule not in ("override", "passthrough"):
-            raise ValueError(f"model_rule must be 'override' or 'passthrough', got {self.model_rule!r}")
+        if self.model_rule not in ("override", "strict", "passthrough"):
+            raise ValueError(f"model_rule must be 'override', 'strict' or 'passthrough', got {self.model_rule!r}")
+        for name, url in self.upstreams.items():
+            if not isinstance(name, str) or not name or not isinstance(url, str) or \
+                    not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstreams maps a model name to an http(s):// base URL, got {name!r}: {url!r}")
         for name in ("sampling_defaults", "sampling_overrides"):
             for key in getattr(self, name):
                 if key in _NOT_SAMPLING:
@@ -503,7 +519,10 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self.model_version = model_version
         self._served: str | None = self.config.served_model
+        self._frozen = {name: OpenAIBackend(url) for name, url in self.config.upstreams.items()}
+        self._overridden: set[str] = set()  # model names already said to be answered by the policy
         self.calls = 0
+        self.frozen_calls = 0
         self.recorded = 0
         self.abandoned = 0  # calls whose agent went away before the answer
 
@@ -541,12 +560,21 @@ class Gateway:
         check_completion(body)
         return await self._call(request, "completions", body)
 
+    async def aclose(self) -> None:
+        """Close the connections to the frozen models' upstreams (the backend is its owner's to close)."""
+        for frozen in self._frozen.values():
+            await frozen.aclose()
+
     async def _upstream(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
         config = self.config
         upstream = {**config.sampling_defaults, **body, **config.sampling_overrides} \
             if config.sampling_defaults or config.sampling_overrides else dict(body)
-        if config.model_rule == "override" or "model" not in upstream:
-            upstream["model"] = await self.served_model()
+        if config.model_rule != "passthrough" or "model" not in upstream:
+            served = await self.served_model()
+            asked = body.get("model")
+            if asked is not None and asked != served:
+                self._not_the_policy(asked, served)
+            upstream["model"] = served
         if config.ask_token_ids:
             upstream["return_token_ids"] = True
         if endpoint == "chat/completions":
@@ -555,9 +583,26 @@ class Gateway:
             upstream["logprobs"] = 0  # text completions: the sampled tokens' logprobs, no alternatives
         return upstream
 
+    def _not_the_policy(self, asked: str, served: str) -> None:
+        """A call named a model other than the policy: refused (``strict``), or said once per name (``override``)."""
+        fixes = (f"if {asked!r} is a frozen model, give it its own upstream (agl serve --upstream {asked}=URL: "
+                 f"relayed there, never trained), or have the agent reach the policy through agl.policy() and run "
+                 f"agl worker --no-gateway-env so OPENAI_BASE_URL stays with its other models")
+        if self.config.model_rule == "strict":
+            raise ApiError(404, f"model {asked!r} is not the policy this gateway trains ({served!r}); {fixes}; "
+                                f"or call the policy {served!r}", "model")
+        if asked not in self._overridden and len(self._overridden) < 64:
+            self._overridden.add(asked)
+            logger.warning("agl gateway: calls for model %r are answered by the policy %r and trained "
+                           "(--model-rule override); %s; --model-rule strict refuses them", asked, served, fixes)
+
     async def _call(self, request: Request, endpoint: Endpoint, body: dict[str, Any]) -> Response:
         self.calls += 1
         key = parse_traceparent(request.headers.get("traceparent"))
+        if self._frozen:
+            frozen = self._frozen.get(body.get("model"))  # type: ignore[arg-type]
+            if frozen is not None:
+                return await self._relay_frozen(request, frozen, endpoint, body, key)
         if key is None:
             self.records.unkeyed += 1
         route_key.set(key[0] if key is not None else None)  # this request's own context: Starlette's task
@@ -597,6 +642,45 @@ class Gateway:
                 self.records.put(key, record)
                 self.recorded += 1
         return Response(answer, media_type="application/json")
+
+    async def _relay_frozen(self, request: Request, frozen: OpenAIBackend, endpoint: Endpoint,
+                            body: dict[str, Any], key: Any) -> Response:
+        """A frozen model's call: to its upstream as sent, its answer back as it came, marked so it is not trained."""
+        self.frozen_calls += 1
+        name = str(body["model"])
+        try:
+            if body.get("stream") is True:
+                opened = await frozen.stream(endpoint, body)
+                if isinstance(opened, BackendReply):
+                    return _relay_error(opened)
+                return StreamingResponse(self._frozen_events(opened, key, name), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            reply = await _unless_gone(request, frozen.complete(endpoint, body))
+        except BackendError as exc:
+            raise ApiError(exc.status, exc.message) from None
+        if reply is None:
+            return Response(status_code=499)
+        if reply.status != 200 or not isinstance(reply.data, dict):
+            return _relay_error(reply)
+        self._mark_frozen(key, name)
+        return Response(_dumps(reply.data), media_type="application/json")
+
+    async def _frozen_events(self, chunks: Chunks, key: Any, name: str) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in chunks:
+                yield b"data: " + _dumps(chunk).encode() + b"\n\n"
+        except BackendError as exc:
+            yield b"data: " + _dumps(error_body(exc.status, exc.message)).encode() + b"\n\n"
+            return
+        finally:
+            await chunks.aclose()
+        self._mark_frozen(key, name)
+        yield b"data: [DONE]\n\n"
+
+    def _mark_frozen(self, key: Any, name: str) -> None:
+        """Record that this call was a frozen model's: the join marks its span, and the builder leaves it out."""
+        if key is not None:
+            self.records.put(key, TokenRecord([], [], None, name, self.model_version(), time.time(), frozen=name))
 
     async def _events(self, chunks: Chunks, endpoint: Endpoint, key: Any,
                       keep_ids: bool, keep_logprobs: bool) -> AsyncIterator[bytes]:

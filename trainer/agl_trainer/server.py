@@ -327,6 +327,7 @@ class TrainerServer:
             self.queue.on_change = None
             await run_in_threadpool(self.records.flush)  # a signal may end the process right after this
             await self.backend.aclose()
+            await self.gateway.aclose()
 
     def close(self) -> None:
         """Release the store, queue and records (the app must have stopped)."""

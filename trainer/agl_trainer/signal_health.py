@@ -59,6 +59,7 @@ def batch_signal(stats: AdvantageStats, rows: Sequence[Row], row_stats: RowStats
     return {
         "advantage_mean": mean, "advantage_std": std, "advantage_max_abs": top,
         "groups": float(stats.groups), "flat_groups": float(stats.flat_groups),
+        "transitions_trained": float(sum(row.transitions for row in rows)),
         "no_reward_rollouts": float(stats.no_reward), "truncated_rows": float(row_stats.truncated_rows),
         "recomputed_logprobs": float(row_stats.recomputed_logprobs),
         "prefix_mismatches": float(row_stats.prefix_mismatches),

@@ -80,15 +80,18 @@ class TokenRecord:
     model: str | None
     model_version: int
     created: float
+    frozen: str | None = None
+    """The frozen model that answered (a gateway upstream): no ids, and the call is not trained."""
 
     def to_json(self) -> str:
-        return json.dumps([self.prompt_token_ids, self.response_token_ids, self.response_logprobs, self.model,
-                           self.model_version, self.created], separators=(",", ":"))
+        fields = [self.prompt_token_ids, self.response_token_ids, self.response_logprobs, self.model,
+                  self.model_version, self.created]
+        return json.dumps(fields if self.frozen is None else [*fields, self.frozen], separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> TokenRecord:
-        prompt, response, logprobs, model, version, created = json.loads(text)
-        return cls(prompt, response, logprobs, model, version, created)
+        prompt, response, logprobs, model, version, created, *frozen = json.loads(text)
+        return cls(prompt, response, logprobs, model, version, created, frozen[0] if frozen else None)
 
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS trainer_token_records (
@@ -284,6 +287,9 @@ def _size(record: TokenRecord) -> int:
 
 def _patched(span: Span, record: TokenRecord) -> Span:
     attrs: dict[str, Any] = dict(span.attributes)
+    if record.frozen is not None:
+        attrs[semconv.AGL_FROZEN_MODEL] = record.frozen
+        return replace(span, attributes=attrs)
     attrs[semconv.AGL_PROMPT_TOKEN_IDS] = list(record.prompt_token_ids)
     attrs[semconv.AGL_RESPONSE_TOKEN_IDS] = list(record.response_token_ids)
     if record.response_logprobs is not None and len(record.response_logprobs) == len(record.response_token_ids):
@@ -296,7 +302,11 @@ def _patched(span: Span, record: TokenRecord) -> Span:
 
 
 _JOINED = (semconv.AGL_PROMPT_TOKEN_IDS, semconv.AGL_RESPONSE_TOKEN_IDS, semconv.AGL_RESPONSE_LOGPROBS,
-           semconv.AGL_TOKEN_SOURCE, MODEL_VERSION_ATTRIBUTE)
+           semconv.AGL_TOKEN_SOURCE, MODEL_VERSION_ATTRIBUTE, semconv.AGL_FROZEN_MODEL)
+
+
+def _was_joined(span: Span) -> bool:
+    return span.attributes.get(semconv.AGL_TOKEN_SOURCE) == "gateway" or semconv.AGL_FROZEN_MODEL in span.attributes
 
 
 def keep_joined(spans: Sequence[Span], stored: Sequence[Span]) -> list[Span]:
@@ -306,13 +316,13 @@ def keep_joined(spans: Sequence[Span], stored: Sequence[Span]) -> list[Span]:
     lost, or the same rollout posted with and without its lease) finds none; without this its
     spans would replace the stored ones without their ids.
     """
-    joined = {(s.trace_id, s.span_id): s for s in stored if s.attributes.get(semconv.AGL_TOKEN_SOURCE) == "gateway"}
+    joined = {(s.trace_id, s.span_id): s for s in stored if _was_joined(s)}
     if not joined:
         return list(spans)
     out = []
     for span in spans:
         old = joined.get((span.trace_id, span.span_id))
-        if old is None or span.attributes.get(semconv.AGL_TOKEN_SOURCE) == "gateway":
+        if old is None or _was_joined(span):
             out.append(span)
             continue
         attrs = dict(span.attributes)

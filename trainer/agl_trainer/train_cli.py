@@ -17,7 +17,11 @@ over to :func:`agl_trainer.verl_backend.launch` (a Ray cluster with GPUs).
 It leaves in ``run.dir``: the checkpoint (a second run resumes from it), the reward and
 loss curves (``reward_curve.png``, ``loss_curve.png``), ``summary.json``, and (with a
 server of its own) the store ``server.db``. Every step's metrics also go to the server
-(``GET /v1/metrics``, the dashboard).
+(``GET /v1/metrics``, the dashboard). With a ``validation`` section the held-out set runs
+before the first step and every ``validation.every`` steps, sampled with
+``validation.sampling`` (greedy by default) and never trained on; its mean reward is
+``validation_reward_mean`` at that step (server metrics, dashboard), a curve of the reward
+PNG, and ``summary.json``'s ``validation``.
 
 Exit status: 0 when the run finished its steps, 2 for a config error (printed as
 ``config error: KEY: PROBLEM`` before anything starts), 1 for a failure while running.
@@ -38,9 +42,17 @@ from typing import Any
 
 import click
 
-from agl_trainer.config import Config, ConfigError, code_builder, load_config, load_tasks, transition_builder
+from agl_trainer.config import (
+    Config,
+    ConfigError,
+    code_builder,
+    load_config,
+    load_tasks,
+    load_validation_tasks,
+    transition_builder,
+)
 
-__all__ = ["TrainOutcome", "main", "run_training", "train"]
+__all__ = ["TrainOutcome", "main", "run_training", "step_line", "train"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -55,6 +67,7 @@ class TrainOutcome:
     wall_s: float
     server_url: str
     files: dict[str, str] = field(default_factory=dict)
+    validations: list[dict[str, Any]] = field(default_factory=list)
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"]})
@@ -73,12 +86,16 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
     if check:
         try:
             tasks = load_tasks(config)
+            held_out = load_validation_tasks(config)
             verl = _check_verl(config) if config.backend.name == "verl" else ""
         except ConfigError as exc:
             click.echo(str(exc), err=True)
             sys.exit(2)
+        validation = f", {len(held_out)} validation tasks every {config.validation.every} steps" \
+            if config.validation is not None else ""
         click.echo(f"agl train: {config_path} is valid: {len(tasks)} tasks, backend {config.backend.name}, "
-                   f"{config.run.steps} steps of {config.data.tasks_per_step} tasks x {config.data.group_size}{verl}")
+                   f"{config.run.steps} steps of {config.data.tasks_per_step} tasks x {config.data.group_size}"
+                   f"{verl}{validation}")
         return
     try:
         outcome = run_training(config, progress=not quiet)
@@ -98,6 +115,10 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
         click.echo(f"agl train: {len(steps)} steps{' (resumed)' if outcome.resumed else ''}, reward "
                    f"{first['reward']:.3f} at step {first['step']} -> {last['reward']:.3f} at step {last['step']}, "
                    f"{outcome.wall_s:.0f} s")
+        if outcome.validations:
+            v0, v1 = outcome.validations[0], outcome.validations[-1]
+            click.echo(f"agl train: validation reward {v0['reward']:.3f} at step {v0['step']} -> {v1['reward']:.3f} "
+                       f"at step {v1['step']} ({len(outcome.validations)} validations)")
         warned = sum(1 for s in steps if s.get("warnings"))
         if warned:
             click.echo(f"agl train: {warned} of {len(steps)} steps warned about the training signal (summary.json "
@@ -190,7 +211,7 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
                                    f"{trainer.last_errors[0] if trainer.last_errors else 'none recorded'}")
             return False
 
-        trainer.run(config.run.steps, on_step=bar.update, stop=stop)
+        trainer.run(config.run.steps, on_step=bar.update, stop=stop, on_validation=bar.validation)
     except KeyboardInterrupt:
         trainer.save()
         raise
@@ -202,16 +223,17 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
         elif hasattr(link, "close"):
             link.close()
     steps = [r.to_dict() for r in trainer.history]
+    validations = [v.to_dict() for v in trainer.validations]
     files = {"checkpoint": os.path.join(folder, "checkpoint"), "reward curve": os.path.join(folder, "reward_curve.png"),
              "loss curve": os.path.join(folder, "loss_curve.png"), "summary": os.path.join(folder, "summary.json")}
     if local is not None:
         files["store"] = config.path(config.server.db)
     outcome = TrainOutcome(steps=steps, folder=folder, resumed=bool(resumed), wall_s=time.monotonic() - started,
-                           server_url=url, files=files)
+                           server_url=url, files=files, validations=validations)
     warnings = [f"step {s['step']}: {line}" for s in steps for line in s.get("warnings", [])]
     with open(files["summary"], "w", encoding="utf-8") as f:
         json.dump({"config": config.model_dump(mode="json"), "resumed": outcome.resumed, "wall_s": outcome.wall_s,
-                   "server": url, "warnings": warnings, "steps": steps}, f, indent=1)
+                   "server": url, "warnings": warnings, "steps": steps, "validation": validations}, f, indent=1)
     return outcome
 
 
@@ -297,7 +319,8 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
                                  port=config.server.port, token=token, max_attempts=config.server.max_attempts,
                                  lease_timeout_s=config.server.lease_timeout_s, builder=builder,
                                  builder_source="agl train (its config and the agent's @agl.rollout_fn builder)",
-                                 gateway=GatewayConfig(sampling_overrides=overrides))
+                                 gateway=GatewayConfig(sampling_overrides=overrides,
+                                                       upstreams=dict(config.server.upstreams)))
     server = TrainerServer(server_config, engine)
     return _Local(server, ServerThread(server).start()), engine
 
@@ -401,9 +424,11 @@ def _start_workers(config: Config, url: str, token: str | None) -> _Workers:
 
 
 def _train_config(config: Config, folder: str) -> Any:
-    from agl_trainer.training import TrainConfig
+    from agl_trainer.training import TrainConfig, ValidationSpec
 
-    a = config.algorithm
+    a, v = config.algorithm, config.validation
+    validation = ValidationSpec(load_validation_tasks(config), every=v.every, at_start=v.at_start, repeat=v.repeat,
+                                sampling=v.sampling.overrides()) if v is not None else None
     # credit=None: the builder (``transition_builder``: credit.method, credit.gamma) credits every call of the run,
     # trained or not, before agent_match picks the trained ones; crediting here again would see the trained calls alone
     return TrainConfig(tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size, credit=None,
@@ -411,11 +436,29 @@ def _train_config(config: Config, folder: str) -> Any:
                        step_timeout_s=config.run.step_timeout_s, max_attempts=config.server.max_attempts,
                        checkpoint_dir=os.path.join(folder, "checkpoint"), checkpoint_every=config.run.checkpoint_every,
                        max_prompt_length=a.max_prompt_length, max_response_length=a.max_response_length,
-                       curves_dir=folder)
+                       curves_dir=folder, validation=validation)
+
+
+def step_line(r: Any, steps: int, elapsed: float) -> str:
+    """The console line of one step: reward and loss, and whether it trained anything.
+
+    The grad norm ("-": no update ran), the transitions trained of those the step's rollouts
+    selected, and the groups without spread (every rollout scored alike: no advantage to learn
+    from), so a step that trains nothing does not read like one that does.
+    """
+    width = 24
+    filled = int(round(min(1.0, r.step / max(steps, 1)) * width))
+    m = r.metrics
+    grad = f"{m['grad_norm']:7.4f}" if "grad_norm" in m else "      -"
+    trained = f"{int(m.get('transitions_trained', 0))}/{r.transitions}"
+    groups = f"{int(m.get('flat_groups', 0))}/{int(m.get('groups', 0))}"
+    return (f"step {r.step:>4}/{steps} [{'#' * filled}{'.' * (width - filled)}] reward {r.reward:6.3f} "
+            f"loss {m.get('loss', 0.0):7.4f} grad {grad} trained {trained} transitions, {groups} groups "
+            f"without spread {r.rollouts_per_s:5.1f} rollouts/s {elapsed:5.0f} s")
 
 
 class _Progress:
-    """One line per step (redrawn in place on a terminal): step, reward, loss, rollouts/s, elapsed."""
+    """One line per step (redrawn in place on a terminal): :func:`step_line`."""
 
     def __init__(self, steps: int, *, enabled: bool) -> None:
         self.steps = steps
@@ -430,12 +473,15 @@ class _Progress:
     def update(self, r: Any) -> None:
         if not self.enabled:
             return
-        width = 24
-        filled = int(round(min(1.0, r.step / max(self.steps, 1)) * width))
-        line = (f"step {r.step:>4}/{self.steps} [{'#' * filled}{'.' * (width - filled)}] reward {r.reward:6.3f} "
-                f"loss {r.metrics.get('loss', 0.0):7.4f} {r.rollouts_per_s:5.1f} rollouts/s "
-                f"{time.monotonic() - self.started:5.0f} s")
+        line = step_line(r, self.steps, time.monotonic() - self.started)
         print(line, end="\r" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def validation(self, v: Any) -> None:
+        if self.enabled:
+            if self.tty:
+                print(file=sys.stderr)
+            print(f"validation at step {v.step}: reward {v.reward:6.3f} over {v.rollouts} rollouts "
+                  f"({v.failed_rollouts} failed), {v.rollout_s:.1f} s", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.enabled and self.tty:

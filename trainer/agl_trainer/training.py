@@ -17,7 +17,12 @@ Each step reads as its stages:
 5. **update**: :meth:`agl_trainer.torch_backend.TorchBackend.update`;
 6. **publish**: the new weights into the serving engine, and the server's model version
    moves on, so the next step's calls are sampled from (and recorded as) the new policy;
-7. **record**: the step's metrics (reward, loss, KL, rollouts/s, and the signal's health:
+7. **validate** (every ``validation.every`` steps, at the start and after the last step, with a
+   :class:`ValidationSpec`): the held-out tasks go through the same queue and workers, each
+   call sampled with the validation's own settings (the gateway's sampling overrides are
+   swapped for the time of the validation: greedy by default), and only their final rewards
+   are read: a validation rollout is never scored, never a row, never trained on;
+8. **record**: the step's metrics (reward, loss, KL, rollouts/s, and the signal's health:
    :mod:`agl_trainer.signal_health`) go to the server (``record_metrics``: its dashboard
    and ``GET /v1/metrics`` draw them), each health warning is logged as one line
    (:attr:`StepResult.warnings`), and with ``curves_dir`` the curves are redrawn as PNG.
@@ -53,9 +58,64 @@ from agl_trainer.signal_health import SignalBounds, batch_signal, nothing_traine
 from agl_trainer.torch_backend import TorchBackend
 
 __all__ = ["LocalServer", "RemoteServer", "ServerLink", "StepBatch", "StepResult", "TrainConfig", "Trainer",
-           "load_history", "score_batch", "write_curves"]
+           "ValidationResult", "ValidationSpec", "load_history", "score_batch", "write_curves"]
 
 logger = logging.getLogger("agl.trainer")
+
+
+@dataclass
+class ValidationSpec:
+    """A held-out set the loop runs without training on it (``agl train``'s ``validation`` section)."""
+
+    tasks: list[Any]
+    every: int = 10
+    """After every this many steps, and after the last one."""
+    at_start: bool = True
+    """Once before the first step (a run that resumes does it again only if its last validation is missing)."""
+    repeat: int = 1
+    sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.0})
+    """The gateway's sampling overrides while the validation runs."""
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("ValidationSpec.tasks is empty: nothing to validate on")
+        if self.every < 1 or self.repeat < 1:
+            raise ValueError(f"ValidationSpec.every and .repeat must be 1 or more, got {self.every}, {self.repeat}")
+
+
+@dataclass
+class ValidationResult:
+    """One validation: the mean final reward of the held-out rollouts, at the training step it followed."""
+
+    step: int
+    """The training steps done before it (0: before any)."""
+    reward: float
+    """Mean final reward of the rollouts that have one."""
+    rollouts: int
+    failed_rollouts: int
+    failed_tasks: int
+    no_reward: int
+    """Rollouts that ended without a final reward (left out of ``reward``)."""
+    rollout_s: float
+    version: int
+    time: float
+    sampling: dict[str, Any] = field(default_factory=dict)
+    rollout_ids: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ValidationResult:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def values(self) -> dict[str, float]:
+        """As the server's ``record_metrics`` stores them, next to the training step's own numbers."""
+        return {"validation_reward_mean": self.reward, "validation_rollouts": float(self.rollouts),
+                "validation_failed_rollouts": float(self.failed_rollouts),
+                "validation_failed_tasks": float(self.failed_tasks),
+                "validation_no_reward_rollouts": float(self.no_reward), "validation_s": self.rollout_s}
 
 
 @dataclass
@@ -84,6 +144,8 @@ class TrainConfig:
     """Where ``reward_curve.png`` and ``loss_curve.png`` are redrawn after each step; None: not drawn."""
     signal_bounds: SignalBounds = field(default_factory=SignalBounds)
     """When a step's signal health is worth a warning (:func:`agl_trainer.signal_health.signal_warnings`)."""
+    validation: ValidationSpec | None = None
+    """A held-out set run at the start and every ``validation.every`` steps; None: no validation."""
 
 
 @dataclass
@@ -181,6 +243,10 @@ class ServerLink(Protocol):
 
     def record_metrics(self, step: int, values: dict[str, float]) -> None: ...
 
+    def set_sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Sample every call with ``overrides`` from now on (the gateway's); return the overrides before."""
+        ...
+
 
 class LocalServer:
     """A :class:`TrainerServer` in this process, serving the policy from ``engine`` (a TorchEngine)."""
@@ -219,6 +285,12 @@ class LocalServer:
 
     def record_metrics(self, step: int, values: dict[str, float]) -> None:
         self.server.record_metrics(step, values)
+
+    def set_sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        config = self.server.gateway.config
+        before = config.sampling_overrides
+        config.sampling_overrides = dict(overrides)  # one assignment: each call reads the whole mapping once
+        return before
 
 
 class RemoteServer:
@@ -311,6 +383,11 @@ class RemoteServer:
     def record_metrics(self, step: int, values: dict[str, float]) -> None:
         self.tasks.client.request("POST", "/v1/metrics", {"step": step, "values": values})
 
+    def set_sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("validation against a remote agl serve is not supported: its gateway pins the training "
+                           "sampling on every call and offers no way to change it for a validation; validate with a "
+                           "server of this process (agl train without server.url)")
+
     def close(self) -> None:
         self.tasks.close()
         self.store.close()
@@ -341,16 +418,33 @@ class Trainer:
         """The errors of the last step's rollouts whose agent raised."""
         self.last_batch: StepBatch | None = None
         """The last step's scored rollouts and rows (what the update trained on)."""
+        self.validations: list[ValidationResult] = []
+        """Every validation of this run (and of the run it resumed), in order."""
 
     # ------------------------------------------------------------------ the loop
 
     def run(self, steps: int, *, on_step: Callable[[StepResult], None] | None = None,
-            stop: Callable[[list[StepResult]], bool] | None = None) -> list[StepResult]:
-        """Train until ``backend.step`` reaches ``steps`` or ``stop(history)`` says so; return the history."""
+            stop: Callable[[list[StepResult]], bool] | None = None,
+            on_validation: Callable[[ValidationResult], None] | None = None) -> list[StepResult]:
+        """Train until ``backend.step`` reaches ``steps`` or ``stop(history)`` says so; return the history.
+
+        With ``config.validation`` the held-out set runs first and after every ``every``-th and the last step.
+        """
+        spec = self.config.validation
+
+        def validate() -> None:
+            result = self.validate()
+            if on_validation is not None:
+                on_validation(result)
+
+        if spec is not None and self.backend.step < steps and self._validation_due(steps, start=True):
+            validate()
         while self.backend.step < steps:
             result = self.step()
             if on_step is not None:
                 on_step(result)
+            if spec is not None and self._validation_due(steps):
+                validate()
             done = stop is not None and stop(self.history)
             if self.config.checkpoint_dir and (done or self.backend.step % self.config.checkpoint_every == 0
                                                or self.backend.step >= steps):
@@ -404,6 +498,55 @@ class Trainer:
         """Serve the trained weights from now on, under the next model version."""
         return self.link.publish(self.backend)
 
+    def validate(self) -> ValidationResult:
+        """Run the validation set now, with its own sampling, and record its reward at the current step.
+
+        Its rollouts are read for their final rewards only: they never reach :func:`score_batch`, so no
+        validation call is ever a training row. The gateway's sampling is the validation's while it
+        runs (the loop waits for every training rollout of the step first, so none is sampled so).
+        """
+        spec = self.config.validation
+        if spec is None:
+            raise ValueError("TrainConfig.validation is not set")
+        step = self.backend.step
+        started = time.perf_counter()
+        ids = [f"{self.run_id}-v{step}-t{j}" for j in range(len(spec.tasks))]
+        before = self.link.set_sampling(spec.sampling)
+        try:
+            task_ids = self.link.enqueue(spec.tasks, ids, repeat=spec.repeat, max_attempts=self.config.max_attempts)
+            trajectories, errors, failed = self._collect(task_ids)
+        finally:
+            self.link.set_sampling(before)
+        finals = [t.reward for t in trajectories if t.reward is not None]
+        rollout_s = time.perf_counter() - started
+        result = ValidationResult(step=step, reward=sum(finals) / len(finals) if finals else 0.0,
+                                  rollouts=len(trajectories), failed_rollouts=len(errors), failed_tasks=failed,
+                                  no_reward=len(trajectories) - len(finals), rollout_s=rollout_s,
+                                  version=int(getattr(self.backend, "version", step)), time=time.time(),
+                                  sampling=dict(spec.sampling), rollout_ids=[t.rollout_id for t in trajectories])
+        self.validations = [v for v in self.validations if v.step != step] + [result]
+        logger.info("agl train: validation at step %d: reward %.3f over %d rollouts", step, result.reward,
+                    result.rollouts)
+        try:
+            self.link.record_metrics(step, result.values())
+        except Exception as exc:  # noqa: BLE001 - as for a training step: a dashboard that is down costs nothing
+            logger.warning("agl train: could not record the validation of step %d: %s", step, exc)
+        if self.config.curves_dir:
+            try:
+                write_curves(self.config.curves_dir, self.history, validations=self.validations)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("agl train: could not draw the curves: %s", exc)
+        return result
+
+    def _validation_due(self, steps: int, *, start: bool = False) -> bool:
+        spec = self.config.validation
+        step = self.backend.step
+        if spec is None or any(v.step == step for v in self.validations):
+            return False
+        if start:
+            return spec.at_start if step == 0 else step % spec.every == 0  # a resumed run's validation that was cut off
+        return step % spec.every == 0 or step >= steps
+
     def _record(self, result: StepResult) -> None:
         """The step's metrics to the server, and the curves redrawn; neither may stop the training."""
         try:
@@ -412,7 +555,7 @@ class Trainer:
             logger.warning("agl train: could not record the metrics of step %d: %s", result.step, exc)
         if self.config.curves_dir:
             try:
-                write_curves(self.config.curves_dir, self.history)
+                write_curves(self.config.curves_dir, self.history, validations=self.validations)
             except Exception as exc:  # noqa: BLE001 - a full disk is reported, the training goes on
                 logger.warning("agl train: could not draw the curves: %s", exc)
 
@@ -453,7 +596,8 @@ class Trainer:
         folder = self.config.checkpoint_dir
         if folder is None:
             raise ValueError("TrainConfig.checkpoint_dir is not set")
-        self.backend.save(folder, extra={"history": [r.to_dict() for r in self.history]})
+        self.backend.save(folder, extra={"history": [r.to_dict() for r in self.history],
+                                         "validations": [v.to_dict() for v in self.validations]})
 
     def resume(self) -> bool:
         """Load the checkpoint in ``checkpoint_dir`` when there is one, and serve its weights; True if loaded."""
@@ -462,20 +606,25 @@ class Trainer:
             return False
         extra = self.backend.load(folder)
         self.history = [StepResult.from_dict(r) for r in extra.get("history", [])]
+        self.validations = [ValidationResult.from_dict(v) for v in extra.get("validations", [])]
         self.publish()
         return True
 
 
 def write_curves(folder: str | os.PathLike[str], history: Sequence[StepResult], *, title: str = "",
-                 target: float | None = None) -> tuple[str, str]:
-    """Draw ``reward_curve.png`` and ``loss_curve.png`` of ``history`` into ``folder``; return their paths."""
+                 target: float | None = None, validations: Sequence[ValidationResult] = ()) -> tuple[str, str]:
+    """Draw ``reward_curve.png`` (with the validation reward, at its own steps) and ``loss_curve.png`` of
+    ``history`` into ``folder``; return their paths."""
     from agl_trainer.demo.curve import write_curve
 
     os.makedirs(folder, exist_ok=True)
     steps = [r.step for r in history]
     reward = os.path.join(folder, "reward_curve.png")
-    write_curve(reward, steps, {"reward (return)": [r.reward for r in history],
-                                "final reward": [r.final_reward for r in history]},
+    rewards: dict[str, Any] = {"reward (return)": [r.reward for r in history],
+                               "final reward": [r.final_reward for r in history]}
+    if validations:
+        rewards["validation reward"] = ([v.step for v in validations], [v.reward for v in validations])
+    write_curve(reward, steps, rewards,
                 title=title or "agl train: mean reward per rollout", target=target, ylabel="mean per rollout")
     loss = os.path.join(folder, "loss_curve.png")
     series = {"loss": [r.metrics.get("loss", 0.0) for r in history],

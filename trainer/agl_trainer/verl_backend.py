@@ -418,7 +418,8 @@ def verl_gateway_config(config: Config) -> Any:
     """agl's gateway in front of verl's replicas: every call sampled at ``algorithm.temperature``, as verl trains."""
     from agl_trainer.gateway import GatewayConfig, training_sampling
 
-    return GatewayConfig(sampling_overrides=training_sampling(float(config.algorithm.temperature or 1.0)))
+    return GatewayConfig(sampling_overrides=training_sampling(float(config.algorithm.temperature or 1.0)),
+                         upstreams=dict(config.server.upstreams))
 
 
 def gateway_url(config: Config, port: int) -> str:
@@ -715,8 +716,10 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
                                 update_s=time.perf_counter() - collected,
                                 rollouts_per_s=len(trajectories) / rollout_s if rollout_s > 0 else 0.0, version=step,
                                 time=time.time(), truncated_rows=row_stats.truncated_rows,
-                                metrics={"loss": metrics.get("actor/pg_loss", 0.0), **metrics, **health,
-                                         **scored.signal()})
+                                metrics={"loss": metrics.get("actor/pg_loss", 0.0),
+                                         **({"grad_norm": metrics["actor/grad_norm"]}
+                                            if "actor/grad_norm" in metrics else {}),
+                                         **metrics, **health, **scored.signal()})
             result.warnings = signal_warnings(result.metrics)
             result.metrics.update(warning_flags(result.metrics))
             for line in result.warnings:

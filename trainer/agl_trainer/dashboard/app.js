@@ -406,7 +406,9 @@ function drawCurve(name, points, color) {
 }
 
 // Reward and loss curves unless "every metric" is ticked: a trainer records a dozen numbers a step.
-const PRIMARY = /reward|loss/i;
+// Names that end so (reward_mean, final_reward_mean, validation_reward_mean, loss); not the counts
+// named after them (no_reward_rollouts).
+const PRIMARY = /(reward|reward_mean|loss)$/i;
 
 async function loadCurves() {
   const metrics = await api("/v1/metrics");

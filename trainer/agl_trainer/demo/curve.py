@@ -11,23 +11,34 @@ import struct
 import zlib
 from collections.abc import Sequence
 
-__all__ = ["write_curve"]
+__all__ = ["Series", "write_curve"]
+
+Series = Sequence[float] | tuple[Sequence[int], Sequence[float]]
+"""A curve's values at the plot's steps, or ``(its own steps, its values)`` (a validation every N steps)."""
 
 
-def write_curve(path: str | os.PathLike[str], steps: Sequence[int], series: dict[str, Sequence[float]], *,
+def _points(steps: Sequence[int], values: Series) -> tuple[list[int], list[float]]:
+    if isinstance(values, tuple) and len(values) == 2 and isinstance(values[0], Sequence):
+        own, vals = values
+        return list(own), [float(v) for v in vals]
+    return list(steps), [float(v) for v in values]  # type: ignore[arg-type]
+
+
+def write_curve(path: str | os.PathLike[str], steps: Sequence[int], series: dict[str, Series], *,
                 title: str = "", target: float | None = None, ylabel: str = "mean per rollout") -> str:
-    """Plot each named series against ``steps`` into ``path``; return which writer drew it."""
+    """Plot each named series against ``steps`` (or its own) into ``path``; return which writer drew it."""
+    plotted = {name: _points(steps, values) for name, values in series.items()}
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        _write_plain(path, steps, series, target)
+        _write_plain(path, plotted, target)
         return "plain"
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    for name, values in series.items():
-        ax.plot(list(steps), list(values), marker="o", markersize=3, label=name)
+    for name, (xs, ys) in plotted.items():
+        ax.plot(xs, ys, marker="o", markersize=3, label=name)
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("training step")
@@ -44,12 +55,13 @@ def write_curve(path: str | os.PathLike[str], steps: Sequence[int], series: dict
 _COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40)]
 
 
-def _write_plain(path: str | os.PathLike[str], steps: Sequence[int], series: dict[str, Sequence[float]],
+def _write_plain(path: str | os.PathLike[str], series: dict[str, tuple[list[int], list[float]]],
                  target: float | None) -> None:
     width, height, margin = 640, 360, 30
     pixels = [[(255, 255, 255)] * width for _ in range(height)]
-    values = [v for vs in series.values() for v in vs] + ([target] if target is not None else [])
+    values = [v for _, vs in series.values() for v in vs] + ([target] if target is not None else [])
     low, high = min([0.0, *values]), max([1.0, *values])
+    steps = [s for xs, _ in series.values() for s in xs]
     first, last = (min(steps), max(steps)) if steps else (0, 1)
     span_x = max(last - first, 1)
 
@@ -74,8 +86,8 @@ def _write_plain(path: str | os.PathLike[str], steps: Sequence[int], series: dic
         for x in range(margin, width - margin, 8):
             y = xy(first, target)[1]
             line((x, y), (x + 3, y), grey)
-    for k, values_k in enumerate(series.values()):
-        points = [xy(s, v) for s, v in zip(steps, values_k, strict=False)]
+    for k, (xs, values_k) in enumerate(series.values()):
+        points = [xy(s, v) for s, v in zip(xs, values_k, strict=False)]
         for a, b in zip(points, points[1:], strict=False):
             line(a, b, _COLOURS[k % len(_COLOURS)])
     raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in pixels)
