@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "current_rollout_id": "agl_core.rollouts",
     "policy": "agl_core.policy_endpoint",
     "Policy": "agl_core.policy_endpoint",
+    "resources": "agl_core.rollouts",
     "tool_call": "agl_core.tools",
     "ToolCall": "agl_core.tools",
     "TransitionBuilder": "agl_core.transitions",
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
         emit_message,
         emit_object,
         emit_reward,
+        resources,
         rollout,
         rollout_fn,
     )
