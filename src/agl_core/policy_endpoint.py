@@ -59,8 +59,8 @@ def use_policy(endpoint: Policy | None) -> contextvars.Token[Policy | None]:
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-def mark_calls_elsewhere(spans: list[Span], endpoint: Policy) -> int:
-    """Mark the LLM spans of calls sent to a server other than ``endpoint`` as a frozen model's; return how many.
+def mark_calls_elsewhere(spans: list[Span], endpoint: Policy) -> set[str]:
+    """Mark the LLM spans of calls sent to a server other than ``endpoint`` as a frozen model's; return their names.
 
     An agent that reaches the policy through :func:`policy` and its other models (a judge)
     through their own base URLs makes both kinds of LLM span; the client's ``server.address``
@@ -71,7 +71,7 @@ def mark_calls_elsewhere(spans: list[Span], endpoint: Policy) -> int:
     parts = urllib.parse.urlsplit(endpoint.base_url)
     host = (parts.hostname or "").lower()
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    marked = 0
+    marked: set[str] = set()
     for i, span in enumerate(spans):
         attrs = span.attributes
         address = attrs.get(semconv.SERVER_ADDRESS)
@@ -84,5 +84,5 @@ def mark_calls_elsewhere(spans: list[Span], endpoint: Policy) -> int:
         model = attrs.get(semconv.GEN_AI_REQUEST_MODEL) or attrs.get(semconv.GEN_AI_RESPONSE_MODEL)
         name = f"{model or '?'} at {address}:{attrs.get(semconv.SERVER_PORT, '?')}"
         spans[i] = dataclasses.replace(span, attributes={**attrs, semconv.AGL_FROZEN_MODEL: name})
-        marked += 1
+        marked.add(name)
     return marked

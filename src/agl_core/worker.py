@@ -340,6 +340,7 @@ class Worker:
         self.url = self.tasks.url
         self._token = token
         self._policy: Policy | None = None
+        self._frozen_said: set[str] = set()
         if set_openai_env:
             point_openai_at(self.url, token)
         if instrument:
@@ -655,7 +656,7 @@ class Worker:
             self._give_back(lease, f"infrastructure: {type(error).__name__}: {error}")
             return
         if store.rollout is not None:
-            mark_calls_elsewhere(store.rollout.spans, endpoint)
+            self._say_frozen(mark_calls_elsewhere(store.rollout.spans, endpoint), endpoint)
         if store.rollout is None:
             why = (f"the agent raised before its rollout began: {type(error).__name__}: {error}" if error is not None
                    else "the agent ran no rollout (is it an @agl.rollout_fn writing to the store it is given?)")
@@ -684,6 +685,15 @@ class Worker:
             self.stats.transitions += int(summary.get("transitions", 0))
             for source, n in (summary.get("token_sources") or {}).items():
                 self.stats.token_sources[source] = self.stats.token_sources.get(source, 0) + int(n)
+
+    def _say_frozen(self, names: set[str], endpoint: Policy) -> None:
+        """Say once per model and server that calls not sent to the policy's endpoint are left out of training."""
+        with self._lock:
+            new = sorted(names - self._frozen_said)
+            self._frozen_said |= names
+        for name in new:
+            logger.warning("agl worker: calls to %s did not go to the policy (agl.policy() is %s): they are a frozen "
+                           "model's and are not trained", name, endpoint.base_url)
 
     def _give_back(self, lease: Lease, reason: str) -> None:
         """The attempt ended without a result: give the lease back as failed, so the server counts the try."""

@@ -112,3 +112,21 @@ def test_a_call_for_a_model_that_is_not_the_policy_is_refused_under_the_strict_r
 def test_agl_policy_outside_a_worker_says_where_it_comes_from() -> None:
     with pytest.raises(agl.AglError, match="agl worker hands it to each rollout"):
         agl.policy()
+
+
+def test_a_frozen_models_stream_is_relayed_as_it_came(fake: FakeOpenAI, make_server: ServerFactory) -> None:
+    with FakeOpenAI(model="judge") as judge:
+        srv = make_server(fake, gateway=GatewayConfig(upstreams={"judge": judge.url}))
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        with agl.rollout(task_id="stream", store=agl.SqliteStore(":memory:")) as run:
+            stream = client.chat.completions.create(model="judge", stream=True,
+                                                    messages=[{"role": "user", "content": "grade this answer"}])
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text == "grade this answer"
+        (asked,) = [r for r in judge.requests if r.path.endswith("/chat/completions")]
+        assert asked.body["stream"] is True and "logprobs" not in asked.body
+        assert not [r for r in fake.requests if r.path.endswith("/chat/completions")]
+        joined, keys = srv.server.records.join(run.rollout.spans)
+    assert len(keys) == 1
+    built = agl.TransitionBuilder().build_from_spans(joined, rollout_id=run.id, task_id="stream")
+    assert built.transitions == [] and "frozen model 'judge'" in built.skipped[0].reason
