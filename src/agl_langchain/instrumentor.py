@@ -52,7 +52,9 @@ name. A prebuilt agent is one scope named after the agent, and its own steps
 made with ``create_agent(name=...)`` (LangChain marks its graph with
 ``lc_agent_name``), or a named graph whose first node is a prebuilt agent's
 entry step (``create_react_agent(name=...)``, and ``create_agent`` of releases
-that do not mark the graph). The innermost scope names a call.
+that do not mark the graph). The innermost scope names a call. LangGraph's own
+nodes (``__start__``, a step of its own when the entry is a conditional edge, as
+in ``create_swarm``) are never scopes.
 
 Tool outcomes: a tool that raised is ``exception`` (``timeout`` for a
 ``TimeoutError``); one whose result is a ``ToolMessage`` with
@@ -141,6 +143,12 @@ def _is_step(tags: Iterable[str]) -> bool:
     return any(tag.startswith("graph:step:") for tag in tags)
 
 
+def _is_internal(name: str) -> bool:
+    """LangGraph's own nodes (``__start__``, which runs as a step when the entry is a conditional edge, as in
+    ``create_swarm``; ``__end__``): never agents, and never a graph's first node."""
+    return name.startswith("__") and name.endswith("__")
+
+
 def _is_bubble_up(error: BaseException) -> bool:
     """LangGraph's control-flow exceptions (interrupts, ``Command(graph=PARENT)``): not failures."""
     return any(cls.__name__ == "GraphBubbleUp" for cls in type(error).__mro__)
@@ -213,7 +221,8 @@ class Hooks:
     def _chain_start(self, run_id: UUID, parent_run_id: UUID | None, tags: list[str] | None,
                      metadata: dict[str, Any] | None, name: Any) -> None:
         meta = metadata or {}
-        node = name is not None and meta.get("langgraph_node") == name and _is_step(tags or ())
+        node = (isinstance(name, str) and meta.get("langgraph_node") == name and _is_step(tags or ())
+                and not _is_internal(name))
         if node and parent_run_id is not None:
             graph = self.runs.get(parent_run_id)  # a node's parent run is its graph's
             if graph is not None and not graph.nodes:
