@@ -1,11 +1,9 @@
 """The OpenAI Agents SDK's own example programs, unchanged but for the model, against the fake model server.
 
 ``examples/agent_patterns/input_guardrails.py`` and ``output_guardrails.py``
-(a tripped guardrail raises out of the run) and ``examples/agent_patterns/
-human_in_the_loop.py`` (a tool that needs approval: the run pauses, its state
-is saved and resumed, the call approved or rejected). Checked: the agent span
-of a tripped guardrail fails with the exception's class as ``error.type``, and
-one tool call id is one tool span whose outcome AIR rewards once.
+(a tripped guardrail raises out of the run). Checked: the agent span of a
+tripped guardrail fails with the exception's class as ``error.type``.
+(``human_in_the_loop.py`` is in ``test_sdk_human_in_the_loop.py``.)
 """
 
 from __future__ import annotations
