@@ -316,7 +316,8 @@ class _Bridge:
         if node.error is not None:
             exc = node.exc or node.raised
             if kind != _TOOL:
-                span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__ if exc is not None else "error")
+                span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__ if exc is not None
+                                   else attributes.error_type(node.error))
             if exc is not None:
                 span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, attributes.error_message(node.error)))
