@@ -316,8 +316,9 @@ def test_a_rejected_call_is_its_own_outcome_and_a_pause_is_none() -> None:
     pause = span(semconv.tool_pause_span_name("calc"), **{
         semconv.GEN_AI_OPERATION_NAME: semconv.OP_TOOL_PAUSE, semconv.GEN_AI_TOOL_CALL_ID: "c1",
         semconv.AGL_TOOL_STATUS: semconv.TOOL_PENDING, semconv.AGL_PLUGIN: "openai_agents"})
-    rejected = tool(None, "calc", "c1", "error", **{semconv.AGL_TOOL_STATUS: semconv.TOOL_REJECTED,
-                                                    semconv.ERROR_TYPE: "rejected", semconv.AGL_PLUGIN: "openai_agents"})
+    rejected = tool(None, "calc", "c1", "error", **{
+        semconv.AGL_TOOL_STATUS: semconv.TOOL_REJECTED, semconv.ERROR_TYPE: "rejected",
+        semconv.AGL_PLUGIN: "openai_agents"})
     b = llm(None, "q2", "done", plugin="openai_agents")
     everything = AirRules(tool_ok=0.1, tool_error=-0.5, tool_exception=-1.0)
     assert [t.reward for t in TransitionBuilder(air=everything).build(rollout(a, pause, b)).transitions] == [None, None]
