@@ -4,6 +4,11 @@ langgraph-swarm's README swarm (``create_swarm``: a graph whose entry is a
 conditional edge, run twice on one thread with a checkpointer). Checked: every
 request is one transition with the right agent, and LangGraph's internal nodes
 (``__start__``) are never agents.
+
+LangGraph's documented approval step (``interrupt()`` inside a tool, an agent
+with a checkpointer, resumed with ``Command(resume=...)``). Checked: the
+interrupt is a pause (``tool_pause``), not a tool exception, and the resumed
+run's ``execute_tool`` span of the same call id is the call's one outcome.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command, interrupt
 from langgraph_swarm import create_handoff_tool, create_swarm
 
 import agl_core as agl
@@ -87,4 +94,62 @@ def test_the_readme_swarm_has_its_two_agents_and_no_start_node(with_openai: Inst
     names = agent_span_names(run)
     assert not [n for n in names if "__" in n], names  # __start__ is LangGraph's, never an agent
     assert names == ["invoke_agent Alice", "invoke_agent Bob", "invoke_agent Bob", "invoke_agent Alice"]
+    assert handler().runs == {}
+
+
+# --------------------------------------------------------------------------- interrupt() inside a tool
+
+
+@tool
+def book_hotel(hotel_name: str) -> str:
+    """Book a hotel"""
+    response = interrupt(
+        f"Trying to call `book_hotel` with args {{'hotel_name': {hotel_name}}}. "
+        "Please approve or suggest edits."
+    )
+    if response["type"] == "accept":
+        pass
+    elif response["type"] == "edit":
+        hotel_name = response["args"]["hotel_name"]
+    else:
+        raise ValueError(f"Unknown response type: {response['type']}")
+    return f"Successfully booked a stay at {hotel_name}."
+
+
+BOOKING_SCRIPT: list[Any] = [
+    {"tool_calls": [{"name": "book_hotel", "arguments": {"hotel_name": "McKittrick Hotel"}, "id": "call_book"}]},
+    "Booked the McKittrick Hotel.",
+]
+
+
+@pytest.mark.parametrize("how", ["stream", "invoke"])
+def test_an_interrupt_inside_a_tool_is_a_pause_and_the_resumed_run_is_the_outcome(with_openai: Instrumented,
+                                                                                how: str) -> None:
+    config = {"configurable": {"thread_id": "1"}}
+    with FakeOpenAI(BOOKING_SCRIPT, return_token_ids=True) as model_server, agl.rollout("booking") as run:
+        model = ChatOpenAI(model="gpt-4o", base_url=model_server.url, api_key="not-a-key",  # type: ignore[arg-type]
+                           max_retries=0)
+        agent = create_agent(model, tools=[book_hotel], checkpointer=InMemorySaver())
+        request = {"messages": [{"role": "user", "content": "book a stay at McKittrick hotel"}]}
+        for step in (request, Command(resume={"type": "accept"})):
+            if how == "stream":
+                for _ in agent.stream(step, config):
+                    pass
+            else:
+                agent.invoke(step, config)
+        assert agent.get_state(config).values["messages"][-1].content == "Booked the McKittrick Hotel."
+    assert len(model_server.requests) == 2
+
+    (pause,) = [s for s in run.rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "tool_pause"]
+    assert pause.name == "tool_pause book_hotel" and pause.status != "error"
+    assert pause.attributes[semconv.AGL_TOOL_STATUS] == semconv.TOOL_PENDING
+    assert pause.attributes[semconv.GEN_AI_TOOL_CALL_ID] == "call_book"
+    assert semconv.ERROR_TYPE not in pause.attributes
+    (done,) = [s for s in run.rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "execute_tool"]
+    assert done.attributes[semconv.GEN_AI_TOOL_CALL_ID] == "call_book"
+    assert done.attributes[semconv.AGL_TOOL_STATUS] == semconv.TOOL_OK
+    assert done.attributes[semconv.GEN_AI_TOOL_CALL_RESULT] == "Successfully booked a stay at McKittrick Hotel."
+
+    traj = run.trajectory(builder=agl.TransitionBuilder(air=agl.AirRules(tool_ok=0.1, tool_exception=-1.0)))
+    assert [t.reward for t in traj.transitions] == [0.1, None]  # approved and successful: not a tool exception
     assert handler().runs == {}
