@@ -13,11 +13,12 @@ run's ``execute_tool`` span of the same call id is the call's one outcome.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.tools import tool
+from langchain_core.tools import BaseTool, tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command, interrupt
@@ -143,7 +144,9 @@ def test_an_interrupt_inside_a_tool_is_a_pause_and_the_resumed_run_is_the_outcom
     (pause,) = [s for s in run.rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "tool_pause"]
     assert pause.name == "tool_pause book_hotel" and pause.status != "error"
     assert pause.attributes[semconv.AGL_TOOL_STATUS] == semconv.TOOL_PENDING
-    assert pause.attributes[semconv.GEN_AI_TOOL_CALL_ID] == "call_book"
+    # langchain-core 1.0 (the legacy suite) tells a tool run's start nothing of its call id; later releases do
+    told = "tool_call_id=tool_call_id" in inspect.getsource(BaseTool.run)
+    assert pause.attributes.get(semconv.GEN_AI_TOOL_CALL_ID) == ("call_book" if told else None)
     assert semconv.ERROR_TYPE not in pause.attributes
     (done,) = [s for s in run.rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "execute_tool"]
     assert done.attributes[semconv.GEN_AI_TOOL_CALL_ID] == "call_book"
