@@ -20,7 +20,9 @@ while the model runs, so the ``openai`` plugin's span for the HTTP request
 nests under it and the two merge into one transition (token ids from the inner
 one); its W3C ``traceparent`` goes out in ``ModelSettings.extra_headers``, so a
 gateway in front of the model can join its records to the span whichever client
-the model uses (chat completions, responses, LiteLLM).
+the model uses (chat completions, responses, LiteLLM). ``LitellmModel`` drops the
+token ids a vLLM-style server returns when it converts LiteLLM's reply; LiteLLM
+keeps them, and :mod:`agl_core.litellm_tokens` puts them on the chat span.
 
 **Agents, tools, handoffs, guardrails: the SDK's own spans, at the span
 classes.** The runner opens an SDK span for each agent turn, function tool,
@@ -74,7 +76,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from agl_core import collector, semconv, tools
+from agl_core import collector, litellm_tokens, semconv, tools
 from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
@@ -455,6 +457,7 @@ def _start_call(bridge: _Bridge, model: Any, args: tuple[Any, ...], kwargs: dict
         return None  # a subclass's get_response calling super(): its span is open already
     span = None
     try:
+        litellm_tokens.ensure()  # a LitellmModel's first call: LiteLLM is loaded now
         attrs = attributes.request_attributes(model, _arg(args, kwargs, 0), _arg(args, kwargs, 1),
                                               _arg(args, kwargs, 2), _arg(args, kwargs, 3), _arg(args, kwargs, 5),
                                               stream)
@@ -515,6 +518,7 @@ class OpenAIAgentsInstrumentor(Instrumentor):
             self.patch(span_class, "set_error", functools.partial(_span_error, bridge=bridge))
         self.patch(sdk.tool_context, "from_agent_context", functools.partial(_tool_context, bridge=bridge))
         self.patch(sdk.exception, "__init__", functools.partial(_exception_init, bridge=bridge))
+        litellm_tokens.hold(self)  # LitellmModel: the token ids of a vLLM-style server, which LiteLLM keeps
         if sdk.tool_result is not None and sdk.run_context is not None:
             self.patch(sdk.tool_result, "__init__", functools.partial(_tool_result_init, bridge=bridge))
             self.patch(sdk.run_context, "reject_tool", functools.partial(_reject_tool, bridge=bridge))
@@ -522,6 +526,7 @@ class OpenAIAgentsInstrumentor(Instrumentor):
 
     def _detach(self) -> None:
         self._active = False
+        litellm_tokens.release(self)
         if self._bridge is not None:
             self._bridge.nodes.clear()
 
