@@ -366,8 +366,9 @@ def test_a_litellm_model_talking_to_a_vllm_style_server_keeps_its_token_ids(inst
     """LiteLLM keeps the server's ``prompt_token_ids`` and ``token_ids`` (which ``LitellmModel`` drops when it
     converts the reply): the transition has them, exact, with no gateway."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of LiteLLM's price list
-    litellm_model = pytest.importorskip("agents.extensions.models.litellm_model",
-                                        reason="the litellm extra (tests/openai_agents installs it)")
+    pytest.importorskip("litellm", reason="the SDK's litellm extra (tests/openai_agents installs it)")
+    from agents.extensions.models import litellm_model
+
     from agl_core.testing import render_prompt, tokenize
 
     with FakeOpenAI(["Paris is the capital."], return_token_ids=True) as srv:
