@@ -32,6 +32,10 @@ def tool_span_name(tool: str | None) -> str:
     return f"{OP_EXECUTE_TOOL} {tool}" if tool else OP_EXECUTE_TOOL
 
 
+def tool_pause_span_name(tool: str | None) -> str:
+    return f"{OP_TOOL_PAUSE} {tool}" if tool else OP_TOOL_PAUSE
+
+
 def agent_span_name(agent: str | None) -> str:
     return f"{OP_INVOKE_AGENT} {agent}" if agent else OP_INVOKE_AGENT
 
@@ -83,7 +87,7 @@ AGL_RESPONSE_LOGPROBS: Final = "agl.llm.response_logprobs"
 AGL_TOKEN_SOURCE: Final = "agl.llm.token_source"
 AGL_FROZEN_MODEL: Final = "agl.llm.frozen_model"
 """The frozen model (a gateway upstream, not the policy) that answered this call: it is never a transition."""
-AGL_TOOL_STATUS: Final = "agl.tool.status"  # ok | error | exception | timeout
+AGL_TOOL_STATUS: Final = "agl.tool.status"  # ok | error | exception | timeout | rejected | pending
 AGL_TOOL_CACHE_HIT: Final = "agl.tool.cache_hit"
 
 # agl.span.kind values
@@ -98,6 +102,12 @@ TOOL_OK: Final = "ok"
 TOOL_ERROR: Final = "error"  # the tool returned an error result
 TOOL_EXCEPTION: Final = "exception"  # the tool raised
 TOOL_TIMEOUT: Final = "timeout"
+TOOL_REJECTED: Final = "rejected"  # refused before it ran: a "no" to an approval request, a tool guardrail
+TOOL_PENDING: Final = "pending"  # paused for a decision (an approval, LangGraph's interrupt()): no outcome yet
+
+# a tool call that paused for a decision is not a tool execution: its span is ``tool_pause {tool}`` with this
+# operation (agl's own, not a GenAI one), so it is never counted as an ``execute_tool`` span or rewarded
+OP_TOOL_PAUSE: Final = "tool_pause"
 
 # span names of agl's own spans
 SPAN_ROLLOUT: Final = "agl.rollout"

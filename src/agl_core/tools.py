@@ -92,3 +92,23 @@ class ToolCall:
 def tool_call(name: str, *, call_id: str | None = None, arguments: Any = None) -> ToolCall:
     """Record one tool execution as an ``execute_tool`` span (see the module docstring)."""
     return ToolCall(name, call_id, arguments)
+
+
+def pause(span: Any, tool: str | None) -> None:
+    """Make the open ``execute_tool`` span of a call that paused for a decision (an approval request, LangGraph's
+    ``interrupt()``) the pause it is: ``tool_pause {tool}``, ``agl.tool.status`` pending, no error. A pause is not
+    an outcome: the call's outcome is the span of the run that follows the decision (the resumed run's
+    ``execute_tool`` of the same call id, or its rejection)."""
+    span.update_name(semconv.tool_pause_span_name(tool))
+    span.set_attribute(semconv.GEN_AI_OPERATION_NAME, semconv.OP_TOOL_PAUSE)
+    span.set_attribute(semconv.AGL_TOOL_STATUS, semconv.TOOL_PENDING)
+
+
+def reject(span: Any, message: str | None = None) -> None:
+    """Mark the open ``execute_tool`` span of a call that was refused before it ran (a "no" to its approval
+    request): ``agl.tool.status`` rejected, error status with ``error.type`` rejected."""
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attribute(semconv.AGL_TOOL_STATUS, semconv.TOOL_REJECTED)
+    span.set_attribute(semconv.ERROR_TYPE, semconv.TOOL_REJECTED)
+    span.set_status(Status(StatusCode.ERROR, message or "tool call rejected"))

@@ -56,7 +56,9 @@ _SOURCE_RANK = {"gateway": 3, "response": 2, "retokenized": 1}
 class AirRules:
     """Automatic intermediate rewards from system signals (AIR); None switches a rule off.
 
-    ``custom`` is called with every tool span and may return a reward (or None).
+    ``custom`` is called with every tool span and may return a reward (or None). ``tool_rejected`` is a call
+    refused before it ran (a "no" to its approval request); a call paused for a decision has no outcome and
+    earns nothing: the span of its run after the decision does.
     """
 
     tool_exception: float | None = None
@@ -64,6 +66,7 @@ class AirRules:
     tool_timeout: float | None = None
     malformed_tool_call: float | None = None
     tool_ok: float | None = None
+    tool_rejected: float | None = None
     custom: Callable[[Span], float | None] | None = None
 
     def for_outcome(self, outcome: str) -> float | None:
@@ -72,6 +75,7 @@ class AirRules:
             semconv.TOOL_ERROR: self.tool_error,
             semconv.TOOL_TIMEOUT: self.tool_timeout,
             semconv.TOOL_OK: self.tool_ok,
+            semconv.TOOL_REJECTED: self.tool_rejected,
         }.get(outcome)
 
 
@@ -84,7 +88,7 @@ def is_tool_span(span: Span) -> bool:
 
 
 def tool_outcome(span: Span) -> str:
-    """ok | error | exception | timeout, from agl's attribute or the span's error status."""
+    """ok | error | exception | timeout | rejected | pending, from agl's attribute or the span's error status."""
     status = span.attributes.get(semconv.AGL_TOOL_STATUS)
     if isinstance(status, str) and status:
         return status
@@ -288,6 +292,7 @@ class TransitionBuilder:
 
         final: float | None = None
         recorded = _tool_calls_recorded_by_agl(spans)
+        superseded = _superseded_tool_spans(spans)
         for span in spans:
             a = span.attributes
             if a.get(semconv.AGL_SPAN_KIND) == semconv.KIND_REWARD:
@@ -298,7 +303,8 @@ class TransitionBuilder:
                     final = float(value)
                 elif calls:
                     _call_before(calls, span.start_ns).rewards.append(float(value))
-            elif is_tool_span(span) and calls and not _seen_by_agl(span, recorded):
+            elif (is_tool_span(span) and calls and not _seen_by_agl(span, recorded)
+                  and span.span_id not in superseded):
                 self._air_for_tool(span, calls)
 
         rows: list[tuple[_Call, Transition | None]] = []
@@ -503,6 +509,28 @@ def _tool_calls_recorded_by_agl(spans: list[Span]) -> set[str]:
     return {str(s.attributes[semconv.GEN_AI_TOOL_CALL_ID]) for s in spans
             if is_tool_span(s) and s.attributes.get(semconv.AGL_PLUGIN)
             and s.attributes.get(semconv.GEN_AI_TOOL_CALL_ID)}
+
+
+def _superseded_tool_spans(spans: list[Span]) -> set[str]:
+    """Ids of agl tool spans that a later one of the same call id replaces: one call id is one outcome.
+
+    A call run again under its id (a graph resumed after an ``interrupt()`` runs its tool from the start) is
+    told to the model once, with the last run's result; only that run is rewarded.
+    """
+    last: dict[str, Span] = {}
+    superseded: set[str] = set()
+    for span in spans:
+        call_id = span.attributes.get(semconv.GEN_AI_TOOL_CALL_ID)
+        if not (is_tool_span(span) and span.attributes.get(semconv.AGL_PLUGIN) and call_id):
+            continue
+        before = last.get(str(call_id))
+        if before is not None:
+            later, earlier = (span, before) if span.end_ns >= before.end_ns else (before, span)
+            superseded.add(earlier.span_id)
+            last[str(call_id)] = later
+        else:
+            last[str(call_id)] = span
+    return superseded
 
 
 def _seen_by_agl(span: Span, recorded: set[str]) -> bool:

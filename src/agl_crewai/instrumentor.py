@@ -53,7 +53,9 @@ Hooks, and why each catches every path:
   which agl's ``openai`` plugin does not see, so nothing would carry a
   ``traceparent`` to agl's gateway. The hook adds this call's ``traceparent``
   to the request's ``extra_headers`` (unless the caller set one), so the
-  gateway's token-id record joins the crewai span itself.
+  gateway's token-id record joins the crewai span itself. Talking to a
+  vLLM-style server directly, LiteLLM's reply keeps the server's token ids,
+  which :mod:`agl_core.litellm_tokens` puts on the crewai span.
 - **Agent identity and enclosing spans**: ``Agent.execute_task`` /
   ``aexecute_task`` (crew tasks, delegated work), ``Agent.kickoff`` /
   ``kickoff_async`` (an agent on its own) make ``invoke_agent {role}`` spans;
@@ -90,7 +92,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from agl_core import collector, semconv
+from agl_core import collector, litellm_tokens, semconv
 from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
@@ -451,6 +453,7 @@ class CrewAIInstrumentor(Instrumentor):
         self.patch(CacheHandler, "read", self._cache_read_wrapper)
         if hasattr(LLM, "_prepare_completion_params"):
             self.patch(LLM, "_prepare_completion_params", self._litellm_params_wrapper)
+            litellm_tokens.hold(self)
         self._attach_native_tool_calls()
         enclosing: list[tuple[Any, str, Describe, bool]] = [
             (Crew, "kickoff", _describe_crew, False),
@@ -472,6 +475,7 @@ class CrewAIInstrumentor(Instrumentor):
 
     def _detach(self) -> None:
         self._active = False  # wrappers that outlive uninstrument() (none should) pass straight through
+        litellm_tokens.release(self)
 
     # -- LLM classes ----------------------------------------------------------------------
 
@@ -602,6 +606,7 @@ class CrewAIInstrumentor(Instrumentor):
                     _with_traceparent(params, call.span)
                 except Exception as exc:  # noqa: BLE001 - fail-open
                     report("crewai.litellm_traceparent", exc)
+                litellm_tokens.ensure()  # LiteLLM is loaded by now: its reply's token ids go on call.span
             return params
 
         setattr(prepare, _MARK, original)

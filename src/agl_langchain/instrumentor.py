@@ -52,12 +52,18 @@ name. A prebuilt agent is one scope named after the agent, and its own steps
 made with ``create_agent(name=...)`` (LangChain marks its graph with
 ``lc_agent_name``), or a named graph whose first node is a prebuilt agent's
 entry step (``create_react_agent(name=...)``, and ``create_agent`` of releases
-that do not mark the graph). The innermost scope names a call.
+that do not mark the graph). The innermost scope names a call. LangGraph's own
+nodes (``__start__``, a step of its own when the entry is a conditional edge, as
+in ``create_swarm``) are never scopes.
 
 Tool outcomes: a tool that raised is ``exception`` (``timeout`` for a
 ``TimeoutError``); one whose result is a ``ToolMessage`` with
 ``status="error"`` (what ``handle_tool_error`` and ``handle_validation_error``
-make, or what the tool returned) is ``error``; anything else ``ok``.
+make, or what the tool returned) is ``error``; anything else ``ok``. A tool that
+calls ``interrupt()`` (LangGraph's approval step) stops to wait for a decision:
+its span becomes a ``tool_pause`` span, not an outcome, and the run resumed with
+``Command(resume=...)`` runs the tool again under the same call id, whose
+``execute_tool`` span is the call's one outcome.
 
 Every hook body is fail-open: a fault in agl's own code is reported through
 :func:`agl_core.guard.report` and LangChain goes on unchanged.
@@ -77,7 +83,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from agl_core import collector, semconv
+from agl_core import collector, semconv, tools
 from agl_core.encoding import set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
@@ -114,7 +120,7 @@ class _Run:
         self.span: Any = None
         self.ctx = ctx  # the context children start their spans in
         self.agent = agent  # the innermost agent scope
-        self.name: str | None = None  # a plain chain's name: a graph root that may turn out to be an agent
+        self.name: str | None = None  # a tool's name; a plain chain's: a graph root that may turn out to be an agent
         self.prebuilt = False  # an agent built by create_agent / create_react_agent: its nodes are its own steps
         self.nodes = False  # a graph whose first node has started
         self.start_ns = 0
@@ -141,9 +147,20 @@ def _is_step(tags: Iterable[str]) -> bool:
     return any(tag.startswith("graph:step:") for tag in tags)
 
 
+def _is_internal(name: str) -> bool:
+    """LangGraph's own nodes (``__start__``, which runs as a step when the entry is a conditional edge, as in
+    ``create_swarm``; ``__end__``): never agents, and never a graph's first node."""
+    return name.startswith("__") and name.endswith("__")
+
+
 def _is_bubble_up(error: BaseException) -> bool:
     """LangGraph's control-flow exceptions (interrupts, ``Command(graph=PARENT)``): not failures."""
     return any(cls.__name__ == "GraphBubbleUp" for cls in type(error).__mro__)
+
+
+def _is_interrupt(error: BaseException) -> bool:
+    """``interrupt()`` (LangGraph's ``GraphInterrupt``): the run stops to wait for a decision."""
+    return any(cls.__name__ == "GraphInterrupt" for cls in type(error).__mro__)
 
 
 def _fail(span: Any, error: BaseException) -> None:
@@ -213,7 +230,8 @@ class Hooks:
     def _chain_start(self, run_id: UUID, parent_run_id: UUID | None, tags: list[str] | None,
                      metadata: dict[str, Any] | None, name: Any) -> None:
         meta = metadata or {}
-        node = name is not None and meta.get("langgraph_node") == name and _is_step(tags or ())
+        node = (isinstance(name, str) and meta.get("langgraph_node") == name and _is_step(tags or ())
+                and not _is_internal(name))
         if node and parent_run_id is not None:
             graph = self.runs.get(parent_run_id)  # a node's parent run is its graph's
             if graph is not None and not graph.nodes:
@@ -375,6 +393,7 @@ class Hooks:
             span = collector.tracer().start_span(semconv.tool_span_name(name), context=ctx, attributes=start)
             run = _Run(_TOOL, ctx, agent)
             run.span = span
+            run.name = name
             self._add(run_id, run)
             set_on(span, attrs)
             _enter(run)
@@ -400,8 +419,13 @@ class Hooks:
         if run is None or run.span is None:
             return
         try:
-            run.span.set_attribute(semconv.AGL_TOOL_STATUS, attributes.tool_error_status(error))
-            _fail(run.span, error)
+            if _is_interrupt(error):  # resumed, LangGraph runs the tool again: that run is the call's outcome
+                tools.pause(run.span, run.name)
+            elif _is_bubble_up(error):  # Command(graph=PARENT) raised by the tool: a handoff, not a failure
+                run.span.set_attribute(semconv.AGL_TOOL_STATUS, semconv.TOOL_OK)
+            else:
+                run.span.set_attribute(semconv.AGL_TOOL_STATUS, attributes.tool_error_status(error))
+                _fail(run.span, error)
         except Exception as exc:  # noqa: BLE001
             report("langchain.tool_error", exc)
         self._end(run)

@@ -563,3 +563,17 @@ def error_message(error: Any) -> str:
         detail = data.get("error") if isinstance(data, Mapping) else None
         return f"{message}: {detail}" if message and detail else str(message or detail or error)
     return str(error)
+
+
+# the exception the SDK raises for a guardrail that its SpanError reports tripped (``data.type``)
+_TRIPWIRES = {"input_guardrail": "InputGuardrailTripwireTriggered",
+              "output_guardrail": "OutputGuardrailTripwireTriggered"}
+
+
+def error_type(error: Any) -> str:
+    """``error.type`` for an error the SDK reported without the exception at hand: a tripped guardrail's is the
+    class the SDK raises for it (a streamed run of older releases makes that exception only after the agent's
+    span ended), anything else ``error``."""
+    data = error.get("data") if isinstance(error, Mapping) else None
+    kind = data.get("type") if isinstance(data, Mapping) else None
+    return _TRIPWIRES.get(kind, "error") if isinstance(kind, str) else "error"

@@ -20,7 +20,9 @@ while the model runs, so the ``openai`` plugin's span for the HTTP request
 nests under it and the two merge into one transition (token ids from the inner
 one); its W3C ``traceparent`` goes out in ``ModelSettings.extra_headers``, so a
 gateway in front of the model can join its records to the span whichever client
-the model uses (chat completions, responses, LiteLLM).
+the model uses (chat completions, responses, LiteLLM). ``LitellmModel`` drops the
+token ids a vLLM-style server returns when it converts LiteLLM's reply; LiteLLM
+keeps them, and :mod:`agl_core.litellm_tokens` puts them on the chat span.
 
 **Agents, tools, handoffs, guardrails: the SDK's own spans, at the span
 classes.** The runner opens an SDK span for each agent turn, function tool,
@@ -74,7 +76,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from agl_core import collector, semconv
+from agl_core import collector, litellm_tokens, semconv, tools
 from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
@@ -127,6 +129,21 @@ class _Sdk:
             self._need(span_data, "HandoffSpanData"): _HANDOFF,
             self._need(span_data, "GuardrailSpanData"): _GUARDRAIL,
         }
+        # human in the loop (tool approvals; releases before it have none): what a paused or refused call
+        # produces, and the call that refuses one
+        self.tool_result: type[Any] | None = None
+        self.approval_item: type[Any] | None = None
+        self.run_context: type[Any] | None = None
+        try:
+            from agents.items import ToolApprovalItem
+            from agents.run_context import RunContextWrapper
+            from agents.tool import FunctionToolResult
+        except ImportError:
+            pass
+        else:
+            if "__init__" in FunctionToolResult.__dict__ and callable(getattr(RunContextWrapper, "reject_tool", None)):
+                self.tool_result, self.approval_item, self.run_context = (FunctionToolResult, ToolApprovalItem,
+                                                                          RunContextWrapper)
         for name in ("GenerationSpanData", "ResponseSpanData", "MCPListToolsSpanData", "TranscriptionSpanData",
                      "SpeechSpanData", "SpeechGroupSpanData"):
             cls = getattr(span_data, name, None)
@@ -160,7 +177,7 @@ _SCOPE, _AGENT, _TOOL, _HANDOFF, _GUARDRAIL, _SKIP = range(6)
 class _Node:
     """One open SDK span that matters to agl: its agl span (None for plain scopes) and the agent it runs under."""
 
-    __slots__ = ("sdk", "kind", "span", "agent", "parent", "token", "error", "exc", "raised", "call_id")
+    __slots__ = ("sdk", "kind", "span", "agent", "parent", "token", "error", "exc", "raised", "call_id", "outcome")
 
     def __init__(self, sdk: Any, kind: int, span: trace.Span | None, agent: str | None,
                  parent: _Node | None = None) -> None:
@@ -174,6 +191,7 @@ class _Node:
         self.exc: BaseException | None = None
         self.raised: BaseException | None = None  # an SDK exception made while this span was current
         self.call_id: str | None = None
+        self.outcome: str | None = None  # a tool call the SDK answered without running it: pending | rejected
 
 
 class _Bridge:
@@ -181,6 +199,7 @@ class _Bridge:
 
     def __init__(self, sdk: _Sdk) -> None:
         self.kinds = dict(sdk.kinds)
+        self.approval_item = sdk.approval_item
         self.current_sdk_span = sdk.get_current_span
         self.nodes: dict[int, _Node] = {}  # id(SDK span) -> node, only while the SDK span is open
 
@@ -280,6 +299,14 @@ class _Bridge:
 
     def _end(self, node: _Node, span: trace.Span, data: Any) -> None:
         kind = node.kind
+        if kind == _TOOL and node.outcome is not None:
+            set_on(span, attributes.tool_end_attributes(data.input, None, node.call_id, None, None))
+            if node.outcome == semconv.TOOL_PENDING:
+                tools.pause(span, data.name)
+            else:
+                tools.reject(span, attributes.error_message(node.error) if node.error is not None else None)
+            span.end()
+            return
         if kind == _TOOL:
             set_on(span, attributes.tool_end_attributes(data.input, data.output, node.call_id, node.error,
                                                         node.exc))
@@ -291,11 +318,47 @@ class _Bridge:
         if node.error is not None:
             exc = node.exc or node.raised
             if kind != _TOOL:
-                span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__ if exc is not None else "error")
+                span.set_attribute(semconv.ERROR_TYPE, type(exc).__qualname__ if exc is not None
+                                   else attributes.error_type(node.error))
             if exc is not None:
                 span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, attributes.error_message(node.error)))
         span.end()
+
+    def answered_unrun(self, result: Any) -> None:
+        """The SDK made a ``FunctionToolResult`` while a tool's span is current: it answers the call without running
+        it (a tool that ran gets its result made after its span ends). A ``ToolApprovalItem`` (or no item yet) is a
+        pause for approval, anything else the output of a refusal (a rejected approval, a tool input guardrail)."""
+        try:
+            node = self.current()
+            if node is not None and node.kind == _TOOL and node.outcome is None:
+                item = getattr(result, "run_item", None)
+                paused = item is None or (self.approval_item is not None and isinstance(item, self.approval_item))
+                node.outcome = semconv.TOOL_PENDING if paused else semconv.TOOL_REJECTED
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            report("openai_agents.tool_result", exc)
+
+    def rejected(self, item: Any, message: Any) -> None:
+        """``reject_tool``: a "no" to a call's approval request. Inside the call's own span it marks that span; for
+        a call that paused in an earlier run (its state saved, the decision made between runs) the SDK answers it
+        on resuming without a span, so the rejection gets its ``execute_tool`` span here: the call's one outcome."""
+        try:
+            call_id = _field(getattr(item, "raw_item", None), "call_id")
+            node = self.current()
+            if node is not None and node.kind == _TOOL and (node.call_id is None or node.call_id == call_id):
+                node.outcome = semconv.TOOL_REJECTED
+                return
+            name = getattr(item, "name", None) or getattr(item, "tool_name", None)
+            agent = getattr(getattr(item, "agent", None), "name", None)
+            span = collector.tracer().start_span(
+                semconv.tool_span_name(name if isinstance(name, str) else None),
+                attributes=attributes.tool_start_attributes(name if isinstance(name, str) else None,
+                                                            agent if isinstance(agent, str) else None))
+            set_on(span, attributes.tool_end_attributes(getattr(item, "arguments", None), None, call_id, None, None))
+            tools.reject(span, message if isinstance(message, str) else None)
+            span.end()
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            report("openai_agents.tool_rejected", exc)
 
     def note_call_id(self, call_id: Any) -> None:
         """The runner made the ``ToolContext`` of the tool call whose span is current: remember its call id."""
@@ -311,6 +374,11 @@ class _Bridge:
 
 
 _ARG_NAMES = ("system_instructions", "input", "model_settings", "tools", "output_schema", "handoffs")
+
+
+def _field(obj: Any, name: str) -> Any:
+    """A field of an SDK item that is a model object, or a plain dict once a run state was loaded from JSON."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> Any:
@@ -389,6 +457,7 @@ def _start_call(bridge: _Bridge, model: Any, args: tuple[Any, ...], kwargs: dict
         return None  # a subclass's get_response calling super(): its span is open already
     span = None
     try:
+        litellm_tokens.ensure()  # a LitellmModel's first call: LiteLLM is loaded now
         attrs = attributes.request_attributes(model, _arg(args, kwargs, 0), _arg(args, kwargs, 1),
                                               _arg(args, kwargs, 2), _arg(args, kwargs, 3), _arg(args, kwargs, 5),
                                               stream)
@@ -449,10 +518,15 @@ class OpenAIAgentsInstrumentor(Instrumentor):
             self.patch(span_class, "set_error", functools.partial(_span_error, bridge=bridge))
         self.patch(sdk.tool_context, "from_agent_context", functools.partial(_tool_context, bridge=bridge))
         self.patch(sdk.exception, "__init__", functools.partial(_exception_init, bridge=bridge))
+        litellm_tokens.hold(self)  # LitellmModel: the token ids of a vLLM-style server, which LiteLLM keeps
+        if sdk.tool_result is not None and sdk.run_context is not None:
+            self.patch(sdk.tool_result, "__init__", functools.partial(_tool_result_init, bridge=bridge))
+            self.patch(sdk.run_context, "reject_tool", functools.partial(_reject_tool, bridge=bridge))
         self._active = True
 
     def _detach(self) -> None:
         self._active = False
+        litellm_tokens.release(self)
         if self._bridge is not None:
             self._bridge.nodes.clear()
 
@@ -615,6 +689,27 @@ def _exception_init(original: Callable[..., Any], bridge: _Bridge) -> Callable[.
             bridge.raising(exc)
 
     return __init__
+
+
+def _tool_result_init(original: Callable[..., Any], bridge: _Bridge) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __init__(result: Any, *args: Any, **kwargs: Any) -> None:
+        original(result, *args, **kwargs)
+        if bridge.nodes:
+            bridge.answered_unrun(result)
+
+    return __init__
+
+
+def _reject_tool(original: Callable[..., Any], bridge: _Bridge) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def reject_tool(context: Any, approval_item: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(context, approval_item, *args, **kwargs)
+        message = kwargs.get("rejection_message", args[1] if len(args) > 1 else None)
+        bridge.rejected(approval_item, message)
+        return out
+
+    return reject_tool
 
 
 def _tool_context(original: Any, bridge: _Bridge) -> Any:

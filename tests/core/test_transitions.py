@@ -300,6 +300,34 @@ def test_a_frameworks_own_span_of_a_tool_call_an_agl_plugin_recorded_counts_once
     assert [t.reward for t in traj.transitions] == [-2.0, None]
 
 
+def test_one_call_id_is_one_outcome_the_last_run_of_it() -> None:
+    # a graph resumed after an interrupt() runs the tool again under the same call id: only that run is told
+    a = llm(None, "q", calc_call("c1"), plugin="langchain")
+    first = tool(None, "calc", "c1", "error", **{semconv.AGL_TOOL_STATUS: "exception", semconv.AGL_PLUGIN: "langchain"})
+    again = tool(None, "calc", "c1", **{semconv.AGL_TOOL_STATUS: "ok", semconv.AGL_PLUGIN: "langchain"})
+    b = llm(None, "q2", "done", plugin="langchain")
+    air = AirRules(tool_ok=0.1, tool_exception=-1.0)
+    traj = TransitionBuilder(air=air).build(rollout(a, first, again, b))
+    assert [t.reward for t in traj.transitions] == [0.1, None]
+
+
+def test_a_rejected_call_is_its_own_outcome_and_a_pause_is_none() -> None:
+    a = llm(None, "q", calc_call("c1"), plugin="openai_agents")
+    pause = span(semconv.tool_pause_span_name("calc"), **{
+        semconv.GEN_AI_OPERATION_NAME: semconv.OP_TOOL_PAUSE, semconv.GEN_AI_TOOL_CALL_ID: "c1",
+        semconv.AGL_TOOL_STATUS: semconv.TOOL_PENDING, semconv.AGL_PLUGIN: "openai_agents"})
+    rejected = tool(None, "calc", "c1", "error", **{
+        semconv.AGL_TOOL_STATUS: semconv.TOOL_REJECTED, semconv.ERROR_TYPE: "rejected",
+        semconv.AGL_PLUGIN: "openai_agents"})
+    b = llm(None, "q2", "done", plugin="openai_agents")
+    everything = AirRules(tool_ok=0.1, tool_error=-0.5, tool_exception=-1.0)
+    assert [t.reward for t in TransitionBuilder(air=everything).build(rollout(a, pause, b)).transitions] == [None, None]
+    traj = TransitionBuilder(air=everything).build(rollout(a, pause, rejected, b))
+    assert [t.reward for t in traj.transitions] == [None, None]  # not ok, not an error of the tool's
+    traj = TransitionBuilder(air=AirRules(tool_ok=0.1, tool_rejected=-0.3)).build(rollout(a, pause, rejected, b))
+    assert [t.reward for t in traj.transitions] == [-0.3, None]
+
+
 def test_a_frameworks_own_chat_span_around_agls_lends_no_messages() -> None:
     # Pydantic AI's instrumentation wraps the model call in a chat span whose input lacks the instructions
     root = agent("weather")

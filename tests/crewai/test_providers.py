@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from crewai.agent.core import Agent
 from crewai.crew import Crew
 from crewai.llm import LLM
@@ -182,3 +183,24 @@ def test_content_given_as_parts_reaches_the_prompt_as_sent(crewai_only: list[str
         (transition,) = run.trajectory().transitions
         assert transition.prompt == AS_SENT
     assert [r.body["messages"][-1]["content"] for r in srv.requests] == [AS_SENT[-1]["content"]] * 2
+
+
+# LiteLLM's hosted_vllm route keeps no prompt_token_ids in a stream's chunks (its openai route does): that stream's
+# transition has no token ids, as it would with any client that drops half of them
+@pytest.mark.parametrize(("model", "stream"), [("hosted_vllm/fake-model", False), ("openai/fake-model", False),
+                                               ("openai/fake-model", True)])
+def test_litellm_talking_to_a_vllm_style_server_keeps_its_token_ids(crewai_only: list[str], serve: Serve,
+                                                                    model: str, stream: bool) -> None:
+    """LiteLLM keeps the server's ``prompt_token_ids`` and ``token_ids`` on its reply (and stream chunks): the
+    transition has them, exact, with no gateway and no re-tokenising."""
+    srv = serve(["Paris is the capital."], return_token_ids=True)
+    llm = LLM(model=model, is_litellm=True, base_url=srv.url, api_key="x", stream=stream, logprobs=True)
+    assert type(llm) is LLM
+    with agl.rollout("litellm-ids") as run:
+        assert llm.call([{"role": "user", "content": "Capital of France?"}]) == "Paris is the capital."
+    assert srv.requests[0].body.get("stream", False) is stream
+    (transition,) = run.trajectory().transitions
+    assert transition.token_source == "response"
+    assert transition.response_token_ids == tokenize("Paris is the capital.")
+    assert transition.prompt_token_ids == tokenize(render_prompt(srv.requests[0].body["messages"]))
+    assert transition.response_logprobs is not None and len(transition.response_logprobs) == 4

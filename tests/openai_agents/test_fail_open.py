@@ -59,6 +59,7 @@ NOT_ON_PATH = {
     *(f"agl_openai_agents.attributes.{n}" for n in ("_provider", "_part", "_reasoning",
                                                      "_tool_output", "_system", "_user", "_function")),
     *(() if _PARTS_JOINED else ("agl_openai_agents.attributes._joined_text",)),
+    "agl_openai_agents.attributes.error_type",  # an agent error the SDK reports without its exception: none here
 }
 
 ROUND = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -355,3 +356,37 @@ def test_tool_definitions_are_the_ones_the_chat_model_sends(chat_model: Callable
         assert {k: mine["function"][k] for k in ("name", "description", "parameters")} == \
             {k: sent["function"][k] for k in ("name", "description", "parameters")}
 
+
+
+# --------------------------------------------------------------------------- LitellmModel (issue 16)
+
+
+@pytest.mark.parametrize("mode", ["run", "streamed"])
+def test_a_litellm_model_talking_to_a_vllm_style_server_keeps_its_token_ids(instrumented: Any, mode: str) -> None:
+    """LiteLLM keeps the server's ``prompt_token_ids`` and ``token_ids`` (which ``LitellmModel`` drops when it
+    converts the reply): the transition has them, exact, with no gateway."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of LiteLLM's price list
+    pytest.importorskip("litellm", reason="the SDK's litellm extra (tests/openai_agents installs it)")
+    from agents.extensions.models import litellm_model
+
+    from agl_core.testing import render_prompt, tokenize
+
+    with FakeOpenAI(["Paris is the capital."], return_token_ids=True) as srv:
+        model = litellm_model.LitellmModel(model="openai/fake-model", base_url=srv.url, api_key="not-a-key")
+        agent = Agent(name="Geographer", instructions="Answer briefly.", model=model)
+
+        async def go() -> Any:
+            if mode == "run":
+                return await Runner.run(agent, "Capital of France?")
+            result = Runner.run_streamed(agent, "Capital of France?")
+            async for _ in result.stream_events():
+                pass
+            return result
+
+        with agl.rollout(task_id="litellm") as run:
+            assert asyncio.run(go()).final_output == "Paris is the capital."
+    (transition,) = run.trajectory().transitions
+    assert transition.agent_name == "Geographer"
+    assert transition.token_source == "response"
+    assert transition.response_token_ids == tokenize("Paris is the capital.")
+    assert transition.prompt_token_ids == tokenize(render_prompt(srv.requests[0].body["messages"]))

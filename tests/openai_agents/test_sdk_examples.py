@@ -1,17 +1,17 @@
 """The OpenAI Agents SDK's own example programs, unchanged but for the model, against the fake model server.
 
 ``examples/agent_patterns/input_guardrails.py`` and ``output_guardrails.py``
-(a tripped guardrail raises out of the run) and ``examples/agent_patterns/
-human_in_the_loop.py`` (a tool that needs approval: the run pauses, its state
-is saved and resumed, the call approved or rejected). Checked: the agent span
-of a tripped guardrail fails with the exception's class as ``error.type``, and
-one tool call id is one tool span whose outcome AIR rewards once.
+(a tripped guardrail raises out of the run). Checked: the agent span of a
+tripped guardrail fails with the exception's class as ``error.type``.
+(``human_in_the_loop.py`` is in ``test_sdk_human_in_the_loop.py``.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -68,17 +68,26 @@ class MessageOutput(BaseModel):
     user_name: str | None
 
 
-def _by_instructions(body: dict[str, Any]) -> str:
-    """The guardrail agent and the main agent run at once: answer each by its own instructions."""
-    if "math homework" in json.dumps(body["messages"]):
-        return json.dumps({"reasoning": "It asks to solve an equation.", "is_math_homework": True})
-    return "I can help with that."
+def _by_instructions() -> Callable[[dict[str, Any]], str]:
+    """The guardrail agent and the main agent run at once: answer each by its own instructions, the main agent
+    once the guardrail had time to decide (a streamed run of an older SDK that finishes first never raises)."""
+    guardrail_answered = threading.Event()
+
+    def reply(body: dict[str, Any]) -> str:
+        if "math homework" in json.dumps(body["messages"]):
+            guardrail_answered.set()
+            return json.dumps({"reasoning": "It asks to solve an equation.", "is_math_homework": True})
+        if guardrail_answered.wait(5):
+            time.sleep(0.5)
+        return "I can help with that."
+
+    return reply
 
 
 @pytest.mark.parametrize("mode", ["run", "streamed"])
 def test_a_tripped_input_guardrail_fails_the_agent_span_with_its_exception_class(
         mode: str, chat_model: Callable[..., Any]) -> None:
-    with FakeOpenAI(script=_by_instructions) as srv:
+    with FakeOpenAI(script=_by_instructions()) as srv:
         guardrail_agent = Agent(name="Guardrail check",
                                 instructions="Check if the user is asking you to do their math homework.",
                                 output_type=MathHomeworkOutput, model=chat_model(srv))

@@ -201,6 +201,7 @@ class AirConfig(_Section):
     tool_error: Float | None = None
     tool_exception: Float | None = None
     tool_timeout: Float | None = None
+    tool_rejected: Float | None = None
     malformed_tool_call: Float | None = None
     custom: Annotated[str, Field(pattern=_AGENT)] | None = None
     """``pkg.module:function``, ``function(span) -> reward | None``, called with every tool span (a tool that
