@@ -134,7 +134,8 @@ def run_agl(args: argparse.Namespace) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     lora = LoraOptions(**LORA) if args.mode == "lora" else None
     backend = TorchBackend(model, TorchConfig(lr=args.lr, lora=lora, lora_above_params=None, kl_coef=args.kl,
-                                              gradient_checkpointing=True, temperature=1.0, max_grad_norm=1.0),
+                                              gradient_checkpointing=True, temperature=1.0, max_grad_norm=1.0,
+                                              logit_chunk_tokens=args.logit_chunk_tokens),
                            pad_id=vocab - 1)
     engine = backend.engine(tok, name="bench", max_batch=args.prompts * args.generations, seed=0,
                             default_max_tokens=args.completion_len)
@@ -258,7 +259,8 @@ def _child(python: str, side: str, mode: str, args: argparse.Namespace) -> dict[
     argv = [python, os.path.abspath(__file__), "--child", side, "--mode", mode, "--preset", args.preset,
             "--prompts", str(args.prompts), "--generations", str(args.generations), "--prompt-len",
             str(args.prompt_len), "--completion-len", str(args.completion_len), "--steps", str(args.steps),
-            "--lr", str(args.lr), "--dtype", args.dtype, "--kl", str(args.kl), "--threads", str(args.threads)]
+            "--lr", str(args.lr), "--dtype", args.dtype, "--kl", str(args.kl), "--threads", str(args.threads),
+            "--logit-chunk-tokens", str(args.logit_chunk_tokens)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MALLOC_MMAP_THRESHOLD_": "131072",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -288,6 +290,7 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--kl", type=float, default=0.0, help="KL coefficient (agl kl_coef, TRL beta)")
+    p.add_argument("--logit-chunk-tokens", type=int, default=512, help="agl's backend.logit_chunk_tokens")
     p.add_argument("--modes", default="full,lora")
     p.add_argument("--sides", default="agl,trl")
     p.add_argument("--threads", type=int, default=1)
