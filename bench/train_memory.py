@@ -300,8 +300,10 @@ def main() -> int:
     p.add_argument("--mode", choices=["full", "lora"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps((run_agl if args.child == "agl" else run_trl)(args)))
-        return 0
+        print(json.dumps((run_agl if args.child == "agl" else run_trl)(args)), flush=True)
+        # the figures are out: skip the interpreter's teardown, where a C++ thread of torch still joinable at exit
+        # has aborted the process now and then ("terminate called without an active exception") after a good run
+        os._exit(0)
 
     sides = args.sides.split(",")
     if "trl" in sides and not os.path.exists(args.trl_python):
