@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "emit_object": "agl_core.rollouts",
     "emit_exception": "agl_core.rollouts",
     "current_rollout_id": "agl_core.rollouts",
+    "resources": "agl_core.rollouts",
     "tool_call": "agl_core.tools",
     "ToolCall": "agl_core.tools",
     "TransitionBuilder": "agl_core.transitions",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
         emit_message,
         emit_object,
         emit_reward,
+        resources,
         rollout,
         rollout_fn,
     )

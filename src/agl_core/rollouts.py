@@ -15,10 +15,12 @@ import functools
 import inspect
 import json
 import logging
+import os
 import time
 import uuid
-from collections.abc import Callable
-from types import TracebackType
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from agl_core import collector, semconv
@@ -33,6 +35,61 @@ if TYPE_CHECKING:
 logger = logging.getLogger("agl")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+
+RESOURCES_ENV = "AGL_RESOURCES"
+"""Resources for runs with none served: a JSON object, or the path of a JSON file holding one."""
+
+_current_run: ContextVar[RolloutRun | None] = ContextVar("agl_current_run", default=None)
+
+
+def resources() -> Mapping[str, Any]:
+    """What training may change, as the agent reads it: ``agl.resources()["system_prompt"]``.
+
+    Inside a rollout: the resources it runs with (those the server served for it, over the
+    rollout's defaults). Outside one: :data:`RESOURCES_ENV` or nothing, so the agent runs
+    unchanged outside training. Read-only: an algorithm, not the agent, makes a new version.
+    """
+    run = _current_run.get()
+    if run is not None:
+        return run.resources
+    return MappingProxyType(configured_resources())
+
+
+def configured_resources() -> dict[str, Any]:
+    """The resources :data:`RESOURCES_ENV` gives (inline JSON or a file); {} when it is unset."""
+    text = os.environ.get(RESOURCES_ENV, "").strip()
+    if not text:
+        return {}
+    where = f"${RESOURCES_ENV}"
+    if not text.startswith("{"):
+        where = f"{where} file {text}"
+        try:
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise SchemaError(RESOURCES_ENV, f"cannot read {text}: {exc}") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(RESOURCES_ENV, f"{where} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise SchemaError(RESOURCES_ENV, f"{where} must hold an object of resource name to value, "
+                                         f"got {type(value).__name__}")
+    return check_resources(value, RESOURCES_ENV)
+
+
+def check_resources(value: Any, path: str = "resources") -> dict[str, Any]:
+    """``value`` as resources (an object of non-empty names to JSON values) or ``SchemaError`` naming ``path``."""
+    from agl_core.schema import check_json
+
+    if not isinstance(value, dict):
+        raise SchemaError(path, f"must be an object of resource name to value, got {type(value).__name__}")
+    for name in value:
+        if not isinstance(name, str) or not name.strip():
+            raise SchemaError(path, f"a resource name must be a non-empty string, got {name!r}")
+    plain: dict[str, Any] = check_json(value, path)
+    return plain
 
 
 def current_rollout_id() -> str | None:
@@ -54,6 +111,8 @@ class RolloutRun:
         rollout_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         builder: TransitionBuilder | None = None,
+        resources: Mapping[str, Any] | None = None,
+        resources_version: int | None = None,
     ) -> None:
         if not isinstance(task_id, str) or not task_id:
             raise SchemaError("rollout.task_id", f"must be a non-empty string, got {task_id!r}")
@@ -63,13 +122,18 @@ class RolloutRun:
             attempt=attempt,
             task=task,
             metadata=metadata or {},
+            resources_version=resources_version,
         )
+        given = check_resources(dict(resources), "rollout.resources") if resources is not None else None
+        self.resources: Mapping[str, Any] = MappingProxyType(
+            given if given is not None else configured_resources())
+        """What ``agl.resources()`` answers inside this rollout."""
         self.store = store
         self.builder = builder
         self.store_error: BaseException | None = None
         self._buffer: collector.RolloutBuffer | None = None
         self._span: Any = None
-        self._tokens: tuple[Any, Any] | None = None
+        self._tokens: tuple[Any, Any, Any] | None = None
         self._trajectory: Trajectory | None = None
 
     # -- entering and leaving ------------------------------------------------------
@@ -95,7 +159,7 @@ class RolloutRun:
             },
         )
         ctx_token = otel_context.attach(trace.set_span_in_context(self._span))
-        self._tokens = (var_token, ctx_token)
+        self._tokens = (var_token, ctx_token, _current_run.set(self))
         return self
 
     def _exit(self, exc: BaseException | None, *, save: bool = True) -> None:
@@ -112,12 +176,14 @@ class RolloutRun:
         else:
             r.status = "succeeded"
         self._span.end()
-        var_token, ctx_token = self._tokens
+        var_token, ctx_token, run_token = self._tokens
         try:
             otel_context.detach(ctx_token)
             collector.current_rollout.reset(var_token)
+            _current_run.reset(run_token)
         except ValueError:  # left in another context than it was entered (a generator moved across tasks)
             collector.current_rollout.set(None)
+            _current_run.set(None)
         finished = collector.close_buffer(self._buffer)
         r.end_time = time.time()
         r.spans = sorted((collector.to_record(s, r.id) for s in finished), key=lambda s: (s.start_ns, s.end_ns))
@@ -205,10 +271,16 @@ def rollout(
     rollout_id: str | None = None,
     metadata: dict[str, Any] | None = None,
     builder: TransitionBuilder | None = None,
+    resources: Mapping[str, Any] | None = None,
+    resources_version: int | None = None,
 ) -> RolloutRun:
-    """Group everything the agent does inside the block into one rollout of ``task_id``."""
+    """Group everything the agent does inside the block into one rollout of ``task_id``.
+
+    ``resources`` (and the server's ``resources_version`` they came from) are what
+    ``agl.resources()`` answers inside the block; None: :data:`RESOURCES_ENV` or nothing.
+    """
     return RolloutRun(task_id, task, store=store, attempt=attempt, rollout_id=rollout_id,
-                      metadata=metadata, builder=builder)
+                      metadata=metadata, builder=builder, resources=resources, resources_version=resources_version)
 
 
 # --------------------------------------------------------------------------- decorator
@@ -231,10 +303,24 @@ def _reward_from(result: Any) -> None:
     emit_reward(float(result))
 
 
+def _takes_resources(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` declares a second positional parameter for the resources: ``def agent(task, resources)``."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2:
+        return False
+    second = positional[1]
+    return second.name == "resources" or second.default is inspect.Parameter.empty
+
+
 @overload
 def rollout_fn(fn: _F, /) -> _F: ...
 @overload
-def rollout_fn(*, store: Store | None = None, builder: TransitionBuilder | None = None) -> Callable[[_F], _F]: ...
+def rollout_fn(*, store: Store | None = None, builder: TransitionBuilder | None = None,
+               resources: Mapping[str, Any] | None = None) -> Callable[[_F], _F]: ...
 
 
 def rollout_fn(
@@ -243,8 +329,9 @@ def rollout_fn(
     *,
     store: Store | None = None,
     builder: TransitionBuilder | None = None,
+    resources: Mapping[str, Any] | None = None,
 ) -> Any:
-    """Make ``def agent(task) -> reward | None`` run each call as one rollout.
+    """Make ``def agent(task) -> reward | None`` (or ``def agent(task, resources)``) run each call as one rollout.
 
     The task id is ``task["task_id"]`` or ``task["id"]`` when present (pass
     ``task_id=`` or ``store=`` as keywords to override); a returned number is
@@ -254,21 +341,35 @@ def rollout_fn(
     ``builder`` decides what is trained wherever the function runs: ``agent.builder`` is it, and
     ``agl worker`` / ``agl train`` hand its settings to the server that builds the stored
     transitions (a key the server or the training config sets otherwise is an error at start).
+
+    Resources: ``resources=`` here are the defaults; a caller (the worker) passes the
+    served ones as ``resources=`` and ``resources_version=`` keywords, and they win key
+    by key; with none served, :data:`RESOURCES_ENV` does. An agent with a second
+    parameter gets them as it (read-only); any agent can call ``agl.resources()``.
     """
+    defaults = check_resources(dict(resources), "rollout_fn.resources") if resources is not None else {}
 
     def decorate(func: Callable[..., Any]) -> Any:
-        def start(task: Any, kwargs: dict[str, Any]) -> RolloutRun:
+        pass_resources = _takes_resources(func)
+
+        def start(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[RolloutRun, tuple[Any, ...]]:
             task_id = kwargs.pop("task_id", None) or _task_id_of(task)
+            served = kwargs.pop("resources", None)
+            version = kwargs.pop("resources_version", None)
+            merged = {**defaults, **(served if served is not None else configured_resources())}
             run = rollout(task_id, task, store=kwargs.pop("store", store), builder=builder,
-                          attempt=kwargs.pop("attempt", 1))
+                          attempt=kwargs.pop("attempt", 1), resources=merged, resources_version=version)
             wrapper.last_run = run
-            return run
+            if pass_resources and not args:
+                args = (run.resources,)
+            return run, args
 
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(task: Any, *args: Any, **kwargs: Any) -> Any:
-                async with start(task, kwargs):
+                run, args = start(task, args, kwargs)
+                async with run:
                     result = await func(task, *args, **kwargs)
                     _reward_from(result)
                 return result
@@ -278,7 +379,8 @@ def rollout_fn(
 
             @functools.wraps(func)
             def sync_wrapper(task: Any, *args: Any, **kwargs: Any) -> Any:
-                with start(task, kwargs):
+                run, args = start(task, args, kwargs)
+                with run:
                     result = func(task, *args, **kwargs)
                     _reward_from(result)
                 return result

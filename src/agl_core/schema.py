@@ -387,8 +387,12 @@ class Rollout(_Record):
     end_time: float | None = None
     error: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    resources_version: int | None = None
+    """The version of the server's resources (``GET /v1/resources``) the agent read; None: none served."""
 
     def _check_more(self, path: str) -> None:
+        if self.resources_version is not None and self.resources_version < 0:
+            raise SchemaError(f"{path}.resources_version", f"must be 0 or more, got {self.resources_version}")
         if self.attempt < 1:
             raise SchemaError(f"{path}.attempt", f"must be 1 or more, got {self.attempt}")
 

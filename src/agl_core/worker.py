@@ -10,6 +10,10 @@ the lease, which finishes the task. A heartbeat thread keeps the slots' leases
 alive while agents run; a worker that dies stops heartbeating, and the server
 gives its tasks to another worker as the next attempt.
 
+Before each rollout the worker asks the server for its current resources (``GET
+/v1/resources``: the prompt an algorithm is trying, say) and runs the agent with them;
+the rollout records their version.
+
 The agent talks to the model through the server's gateway with no change to its
 code: before the agent's module is imported, ``OPENAI_BASE_URL`` is set to the
 server's ``/v1`` and ``OPENAI_API_KEY`` to the server's token (the environment
@@ -150,6 +154,16 @@ class TaskClient:
 
         _, data = self.client.request("GET", f"/v1/tasks/{quote(task_id, safe='')}")
         return typing.cast(dict[str, Any], data)
+
+    def resources(self) -> tuple[int, dict[str, Any]] | None:
+        """The server's current resources as (version, resources); None when it serves none (or no such route)."""
+        try:
+            _, data = self.client.request("GET", "/v1/resources")
+        except ServerError as exc:
+            if exc.status == 404:  # a server from before resources, or none posted yet
+                return None
+            raise
+        return int(data["version"]), dict(data["resources"])
 
     def counts(self) -> dict[str, int]:
         """How many tasks are queued, leased, done and failed."""
@@ -567,7 +581,14 @@ class Worker:
 
     def _run_one(self, lease: Lease) -> None:
         store = _LeaseStore(lease)
-        kwargs = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
+        kwargs: dict[str, Any] = {"task_id": lease.task_id, "attempt": lease.attempt, "store": store}
+        try:
+            served = self.tasks.resources()  # per rollout: an algorithm may have made a new version meanwhile
+        except AglError as exc:
+            self._give_back(lease, f"the server's resources could not be read: {exc}")
+            return
+        if served is not None:
+            kwargs["resources_version"], kwargs["resources"] = served
         error: BaseException | None = None
         try:
             if self.is_async:

@@ -5,19 +5,32 @@ advantage step and its policy loss. The GPU part (worker groups, vLLM replicas) 
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
+from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E402
+from verl.utils.config import validate_config  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 from agl_trainer.advantages import compute_advantages  # noqa: E402
-from agl_trainer.config import validate  # noqa: E402
+from agl_trainer.config import ConfigError, apply_overrides, validate  # noqa: E402
 from agl_trainer.rows import build_rows  # noqa: E402
-from agl_trainer.verl_backend import PAD_UID, compose_verl_config, to_data_proto, verl_overrides  # noqa: E402
+from agl_trainer.verl_backend import (  # noqa: E402
+    PAD_UID,
+    check_verl_config,
+    compose_verl_config,
+    to_data_proto,
+    verl_overrides,
+)
 
 from .test_data_proto import BATCH  # noqa: E402
 
@@ -107,15 +120,98 @@ def test_verl_advantage_and_policy_loss_run_on_our_batch() -> None:
     assert agg_loss(data.batch["response_mask"].float(), data.batch["response_mask"], "seq-mean-token-mean") > 0
 
 
-def test_the_recipe_config_in_docs_verl_md_composes_with_verl() -> None:
-    import re
-    from pathlib import Path
-
-    import yaml
-
+def _recipe() -> tuple[dict[str, Any], list[list[str]]]:
+    """docs/verl.md's config, and the ``--set`` flags of each ``agl train train.yaml`` command line it gives."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "verl.md").read_text(encoding="utf-8")
     block = re.findall(r"```yaml\n(.*?)```", page, re.S)[0]
-    verl_cfg = compose_verl_config(verl_overrides(validate(yaml.safe_load(block))))
-    assert verl_cfg.trainer.nnodes == 2 and verl_cfg.trainer.n_gpus_per_node == 8
-    assert verl_cfg.actor_rollout_ref.rollout.n == 8 and verl_cfg.trainer.project_name == "my-agent"
-    assert verl_cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
+    commands = [re.findall(r"--set\s+(\S+)", line) for line in re.findall(r"agl train train\.yaml[^`\n]*", page)]
+    return yaml.safe_load(block), commands
+
+
+def test_the_recipe_in_docs_verl_md_passes_verls_own_validate_config() -> None:
+    """The full run and the short run, as written: verl's ``validate_config`` (its Ray actor's first check)."""
+    raw, commands = _recipe()
+    short = [flags for flags in commands if "run.steps=2" in flags]
+    assert short and [] in commands, commands  # the docs still name both runs
+    for flags in ([], *short):
+        config = validate(apply_overrides(raw, flags))
+        verl_cfg = check_verl_config(config)  # raises ConfigError with verl's own words when verl would refuse it
+        validate_config(config=verl_cfg, use_reference_policy=need_reference_policy(verl_cfg),
+                        use_critic=need_critic(verl_cfg))
+        actor = verl_cfg.actor_rollout_ref.actor
+        assert verl_cfg.trainer.nnodes == 2 and verl_cfg.trainer.n_gpus_per_node == 8
+        assert verl_cfg.actor_rollout_ref.rollout.n == 8 and verl_cfg.trainer.project_name == "my-agent"
+        assert verl_cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
+        assert verl_cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 4
+        assert verl_cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 4
+        assert actor.ppo_mini_batch_size <= verl_cfg.data.train_batch_size == config.data.tasks_per_step
+    assert [check_verl_config(validate(apply_overrides(raw, f))).actor_rollout_ref.actor.ppo_mini_batch_size
+            for f in ([], short[0])] == [16, 4]  # a step of 4 tasks is one mini-batch of them
+
+
+def test_batch_sizes_verl_would_refuse_after_the_cluster_started_fail_before_it() -> None:
+    raw, _ = _recipe()
+    # 3 tasks x 2 rollouts = 6 rows per mini-batch over 16 GPUs: verl's update would stop on it at step 1
+    config = validate(apply_overrides(raw, ["data.tasks_per_step=3", "data.group_size=2"]))
+    with pytest.raises(ConfigError, match=r"backend\.verl: .*6 rows, which 16 data-parallel GPUs cannot share"):
+        check_verl_config(config)
+    # verl's own validate_config, in its words: mini-batches of 2 x 8 rows fit, but a step of 3 x 8 does not
+    config = validate(apply_overrides(raw, ["data.tasks_per_step=3", "backend.verl.ppo_mini_batch_size=2"]))
+    with pytest.raises(ConfigError, match=r"validate_config refused it: real_train_batch_size \(24\)"):
+        check_verl_config(config)
+    config = validate(apply_overrides(raw, ["backend.verl.log_prob_micro_batch_size_per_gpu=2"]))
+    assert check_verl_config(config).actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 2
+
+
+def test_the_replicas_parse_tool_calls_with_the_configured_parser() -> None:
+    # before: engine_kwargs.vllm was {}, so vLLM answered tool_choice=auto with a 400 and left calls in the text
+    raw, _ = _recipe()
+    engine = check_verl_config(validate(raw)).actor_rollout_ref.rollout.engine_kwargs
+    # verl's vLLM server passes these as `vllm serve` flags: --enable_auto_tool_choice --tool_call_parser hermes
+    assert dict(engine.vllm) == {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}  # Qwen's default
+    llama = validate(apply_overrides(raw, ["backend.verl.tool_call_parser=llama3_json"]))
+    assert compose_verl_config(verl_overrides(llama)).actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser \
+        == "llama3_json"
+    sglang = validate(apply_overrides(raw, ["backend.verl.rollout_engine=sglang",
+                                            "backend.verl.tool_call_parser=qwen25"]))
+    engine = compose_verl_config(verl_overrides(sglang)).actor_rollout_ref.rollout.engine_kwargs
+    assert dict(engine.sglang) == {"tool_call_parser": "qwen25"} and dict(engine.vllm) == {}
+    none = validate(apply_overrides(raw, ["backend.verl.tool_call_parser=null"]))
+    assert dict(compose_verl_config(verl_overrides(none)).actor_rollout_ref.rollout.engine_kwargs.vllm) == {}
+    # the user's own overrides still win: they come last
+    own = validate(apply_overrides(raw, ["backend.verl.overrides=[++actor_rollout_ref.rollout.engine_kwargs.vllm."
+                                         "tool_call_parser=mistral]"]))
+    assert compose_verl_config(verl_overrides(own)).actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser \
+        == "mistral"
+
+
+def test_a_lora_config_is_checked_where_verl_can_ask_vllm_for_its_ranks() -> None:
+    # verl's validate_config rounds the LoRA rank up to one vLLM supports, importing vLLM to ask; without vLLM
+    # it said "vllm version None not supported and SGLang also not Found": now one line naming the key and why
+    config = validate(CONFIG)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"backend\.lora: verl checks the LoRA rank against the vLLM it runs, "
+                                              r"and vllm is not installed here"):
+            check_verl_config(config)
+    else:
+        assert check_verl_config(config).actor_rollout_ref.model.lora_rank == 16
+
+
+def test_agl_train_check_runs_verls_own_checks(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from agl_trainer.train_cli import train
+
+    raw, _ = _recipe()
+    (tmp_path / "tasks.jsonl").write_text('{"q": 1}\n', encoding="utf-8")
+    raw = {**raw, "data": {**raw["data"], "path": "tasks.jsonl"}, "agent": "agl_trainer.demo.lockers:solve"}
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    config = str(tmp_path / "train.yaml")
+    ok = CliRunner().invoke(train, [config, "--check"])
+    assert ok.exit_code == 0 and "verl's validate_config passes it" in ok.output, ok.output
+    # before: --check said "is valid", and verl refused the batch sizes in its Ray actor once the cluster was up
+    bad = CliRunner().invoke(train, [config, "--check", "--set", "data.tasks_per_step=3", "--set",
+                                     "backend.verl.ppo_mini_batch_size=2"])
+    assert bad.exit_code == 2 and "validate_config refused it: real_train_batch_size (24)" in bad.output, bad.output

@@ -61,8 +61,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 
 __all__ = [
     "AirConfig", "AlgorithmConfig", "BackendConfig", "Config", "ConfigError", "CreditConfig", "DataConfig",
-    "LoraConfig", "RunConfig", "ServerSection", "VerlConfig", "WorkersConfig", "apply_overrides", "code_builder",
-    "load_config", "load_tasks", "transition_builder",
+    "LoraConfig", "RunConfig", "ServerSection", "VerlConfig", "VllmLoraConfig", "WorkersConfig", "apply_overrides",
+    "code_builder", "load_config", "load_tasks", "transition_builder",
 ]
 
 
@@ -107,17 +107,38 @@ class VerlConfig(_Section):
 
     ray_address: str | None = None
     """The Ray cluster (``ray.init`` address; None: ``RAY_ADDRESS`` or a local one)."""
+    gateway_host: str | None = None
+    """The address agl's workers on every node reach its gateway at (None: Ray's address of the node it runs on)."""
     nnodes: PosInt = 1
     n_gpus_per_node: PosInt = 8
     rollout_engine: Literal["vllm", "sglang"] = "vllm"
     tensor_parallel_size: PosInt = 1
     gpu_memory_utilization: Annotated[Float, Field(gt=0.0, le=1.0)] = 0.6
+    tool_call_parser: str | None = "hermes"
+    """The replicas' parser of the model's tool calls, in the engine's own names (vLLM's ``--tool-call-parser``:
+    hermes for Qwen2.5/Qwen3 and Hermes, llama3_json for Llama 3.1+, mistral, ...); null: no tool calls parsed."""
     ppo_mini_batch_size: PosInt = 16
+    """Tasks per mini-batch (x ``data.group_size`` rows); a step of fewer tasks is one mini-batch of them all."""
     ppo_micro_batch_size_per_gpu: PosInt = 4
+    log_prob_micro_batch_size_per_gpu: PosInt | None = None
+    """Rows per GPU in one forward of the old and the reference logprobs (None: ``ppo_micro_batch_size_per_gpu``)."""
     advantages: Literal["agl", "grpo", "rloo"] = "agl"
     """agl: agl's per-rollout group advantages (LightningRL); grpo/rloo: verl's estimators on the scores."""
     overrides: list[str] = Field(default_factory=list)
     """More of verl's own config, as its Hydra overrides (``trainer.val_before_train=false``), passed as given."""
+
+
+class VllmLoraConfig(_Section):
+    """``vllm serve BASE --enable-lora`` beside the torch backend: rollouts on vLLM, the adapter trained here."""
+
+    url: str
+    """vLLM's OpenAI base URL (``http://127.0.0.1:8000/v1``); it serves ``backend.model`` as its base."""
+    api_key: str | None = None
+    """vLLM's ``--api-key``, when it was started with one."""
+    lora_name: Annotated[str, Field(min_length=1)] = "agl-policy"
+    """The name vLLM serves the trained adapter under: every call through the gateway asks for it."""
+    adapters_dir: str | None = None
+    """Where each version's adapter is written for vLLM to read at the same path (default ``<run.dir>/adapters``)."""
 
 
 class BackendConfig(_Section):
@@ -141,6 +162,8 @@ class BackendConfig(_Section):
     max_batch: PosInt = 8
     """The built-in engine's most sequences per batch."""
     verl: VerlConfig = Field(default_factory=VerlConfig)
+    vllm: VllmLoraConfig | None = None
+    """With ``name: torch``: rollouts on this vLLM server, the LoRA adapter trained here hot-loaded after each step."""
 
 
 class AlgorithmConfig(_Section):
@@ -350,6 +373,16 @@ def _cross_check(config: Config) -> None:
                           "temperature its agent asked for, while the trainer computes its logprobs at one "
                           "temperature, so the importance ratio would compare two distributions; set the temperature "
                           "the policy samples at (the gateway enforces it on every call)")
+    vllm = config.backend.vllm
+    if vllm is not None:
+        if config.backend.name != "torch":
+            raise ConfigError("backend.vllm", f"is the torch backend's rollout server; backend.name is "
+                              f"{config.backend.name}, whose rollout engine is backend.verl.rollout_engine")
+        if config.server.url is not None:
+            raise ConfigError("backend.vllm", f"and server.url {config.server.url} both name the model server: the "
+                              "remote server has its own (agl serve --backend); set one of them")
+        if not vllm.url.startswith(("http://", "https://")):
+            raise ConfigError("backend.vllm.url", f"must be an http(s) URL ending in /v1, got {vllm.url!r}")
     high = config.algorithm.clip_epsilon_high
     if high is not None and high < config.algorithm.clip_epsilon:
         raise ConfigError("algorithm.clip_epsilon_high", f"must be at least algorithm.clip_epsilon "

@@ -49,6 +49,7 @@ rather than a bad value poisoning the rollout later.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import math
@@ -75,7 +76,7 @@ from agl_trainer.token_records import TokenRecord, TokenRecords, parse_tracepare
 from agl_trainer.upstream import Upstream
 
 __all__ = ["MAX_TOKEN_ID", "Backend", "BackendError", "BackendReply", "Chunks", "Gateway", "GatewayConfig",
-           "OpenAIBackend", "sampling_mismatch", "training_sampling"]
+           "OpenAIBackend", "route_key", "sampling_mismatch", "training_sampling"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -85,6 +86,9 @@ Chunks = AsyncGenerator[dict[str, Any], None]
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 MAX_TOKEN_ID = 2**31 - 1
 """The largest token id the gateway records (no vocabulary comes near it; a bigger one is a broken reply)."""
+route_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("agl_route_key", default=None)
+"""The trace id of the call the backend is answering (None: it sent no ``traceparent``): one per rollout,
+so a backend over several replicas (:class:`~agl_trainer.replicas.ReplicaBackend`) keeps a rollout on one."""
 
 
 # --------------------------------------------------------------------------- backends
@@ -556,6 +560,7 @@ class Gateway:
         key = parse_traceparent(request.headers.get("traceparent"))
         if key is None:
             self.records.unkeyed += 1
+        route_key.set(key[0] if key is not None else None)  # this request's own context: Starlette's task
         keep_ids = body.get("return_token_ids") is True
         keep_logprobs = wants_logprobs(body.get("logprobs"))
         try:

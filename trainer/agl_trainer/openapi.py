@@ -25,6 +25,7 @@ from agl_trainer import dashboard
 from agl_trainer.gateway import MAX_TOKEN_ID
 from agl_trainer.paging import DEFAULT_LIMIT, MAX_LIMIT
 from agl_trainer.queue import MAX_TASKS_PER_CALL
+from agl_trainer.resources import MAX_RESOURCE_NAME
 from agl_trainer.token_records import MAX_MODEL_VERSION, MAX_VERSION_STEP
 
 __all__ = ["openapi_document", "openapi_json"]
@@ -115,6 +116,14 @@ _LEASE_REQUEST = _obj({
     "wait_s": {"type": "number", "minimum": 0, "maximum": MAX_LEASE_WAIT_S},
     "lease_timeout": _nullable({"type": "number", "exclusiveMinimum": 0}),
 }, extra=True)
+
+_RESOURCES = {"type": "object", "propertyNames": {"minLength": 1, "maxLength": MAX_RESOURCE_NAME},
+              "description": "Resource name (not blank) to any JSON value: a prompt template, a few-shot list, ..."}
+
+_RESOURCES_VERSION = _obj({
+    "version": {"type": "integer", "minimum": 1}, "resources": _RESOURCES, "metadata": {"type": "object"},
+    "created_at": {"type": "number"}, "current": {"type": "boolean"},
+}, ("version", "resources", "metadata", "created_at", "current"))
 
 _ROLLOUT_SUMMARY = _obj({
     "rollout_id": _STRING, "task_id": _STRING, "attempt": {"type": "integer"}, "status": {"enum": _ROLLOUT_STATUSES},
@@ -407,6 +416,32 @@ def _paths() -> dict[str, Any]:
                                          "values": {"type": "object", "additionalProperties": {"type": "number"}}},
                                         ("step", "values"), extra=True)),
                         errors=(503,)),
+        },
+        "/v1/resources": {
+            "get": _op("The current resources version: what the workers hand the agent before each rollout.",
+                       {200: _json(_RESOURCES_VERSION)}, errors=(404, 503)),
+            "post": _op("A new resources version (current unless current is false).",
+                        {201: _json(_RESOURCES_VERSION)},
+                        body=_body(_obj({"resources": _RESOURCES, "metadata": _nullable({"type": "object"}),
+                                         "current": {"type": "boolean", "default": True}}, ("resources",),
+                                        extra=True)),
+                        errors=(503,)),
+        },
+        "/v1/resources/history": {"get": _op(
+            "Every resources version, oldest first, paged (after: the version before this page).",
+            {200: _json(_obj({"data": {"type": "array", "items": _RESOURCES_VERSION}, "next": _nullable(_STRING)},
+                             ("data", "next")))},
+            params=[_PAGE_PARAMS[0], _query("after", {"type": "string", "pattern": "^[0-9]+$"},
+                                            "The version this page starts after (the next of the page before).")],
+            errors=(400, 503))},
+        "/v1/resources/{version}": {
+            "get": _op("One resources version.", {200: _json(_RESOURCES_VERSION)},
+                       params=[_path("version")], errors=(404, 503)),
+            "post": _op("Merge notes into a version's metadata (a score, a critique), or make it current again.",
+                        {200: _json(_RESOURCES_VERSION)},
+                        body=_body(_obj({"metadata": _nullable({"type": "object"}),
+                                         "current": {"type": "boolean", "default": False}}, extra=True)),
+                        params=[_path("version")], errors=(404, 503)),
         },
         "/v1/chat/completions": {"post": _op(
             "OpenAI chat completions through the gateway, recording the call's token ids by traceparent.",

@@ -29,6 +29,10 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
   own); ``POST /v1/model`` ``{"version"?, "weights"?}``: the trainer announces weights
   (versions go up by at most :data:`MAX_VERSION_STEP`; none given: the next).
 - ``POST /v1/metrics`` ``{"step", "values": {name: number}}``; ``GET /v1/metrics``: training curves by step.
+- ``GET /v1/resources``: the current resources version (what workers hand the agent); ``POST /v1/resources``
+  ``{"resources": {name: value}, "metadata"?, "current"?}``: a new version; ``GET /v1/resources/history``
+  (paged, ``after=<version>``); ``GET|POST /v1/resources/{version}`` ``{"metadata"?, "current"?}``: notes on a
+  version, or make it current again (:mod:`agl_trainer.resources`).
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
 - ``/`` and ``/dashboard``: the dashboard (:mod:`agl_trainer.dashboard`), with ``GET /v1/stats``.
@@ -77,6 +81,7 @@ from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
+from agl_trainer.resources import ResourceVersions
 from agl_trainer.token_records import MAX_MODEL_VERSION, MAX_VERSION_STEP, TokenRecords, keep_joined
 
 __all__ = ["MAX_MODEL_VERSION", "MAX_VERSION_STEP", "ServerConfig", "ServerThread", "TrainerServer", "check_bind",
@@ -244,6 +249,7 @@ class TrainerServer:
         self.records = TokenRecords(None if memory else config.db_path, max_bytes=config.token_records_max_bytes)
         self.model = _ModelState(config.db_path)
         self._metrics = _Metrics(config.db_path)
+        self.resources = ResourceVersions(config.db_path)
         self.builder = config.builder or TransitionBuilder()
         self.builder_source = config.builder_source
         self._builder_lock = threading.Lock()
@@ -285,6 +291,11 @@ class TrainerServer:
             Route("/v1/builder", self.post_builder, methods=["POST"]),
             Route("/v1/metrics", self.get_metrics, methods=["GET"]),
             Route("/v1/metrics", self.post_metrics, methods=["POST"]),
+            Route("/v1/resources", self.get_resources, methods=["GET"]),
+            Route("/v1/resources", self.post_resources, methods=["POST"]),
+            Route("/v1/resources/history", self.resource_history, methods=["GET"]),
+            Route("/v1/resources/{version}", self.get_resource_version, methods=["GET"]),
+            Route("/v1/resources/{version}", self.update_resource_version, methods=["POST"]),
             *self.dashboard.routes(),
         ]
         handlers: dict[Any, Callable[..., Any]] = {
@@ -323,6 +334,7 @@ class TrainerServer:
         self.queue.close()
         self.model.close()
         self._metrics.close()
+        self.resources.close()
         self.store.close()
 
     def _changed_threadsafe(self) -> None:
@@ -467,6 +479,50 @@ class TrainerServer:
             field_name = str(exc).split("'")[1] if str(exc).startswith("'") else "values"
             raise ApiError(400, str(exc), field_name) from None
         return _json({"step": body["step"], "recorded": len(body["values"])}, 201)
+
+    # ------------------------------------------------------------------ resources
+
+    async def get_resources(self, request: Request) -> Response:
+        entry = await run_in_threadpool(self.resources.current)
+        if entry is None:
+            raise ApiError(404, "no resources yet: POST /v1/resources {\"resources\": {name: value}} makes "
+                                "version 1", "version")
+        return _json(entry)
+
+    async def post_resources(self, request: Request) -> Response:
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        if "resources" not in body:
+            raise ApiError(400, "'resources' is required: send {\"resources\": {name: value}}", "resources")
+        current = _bool_field(body, "current", True)
+        entry = await run_in_threadpool(lambda: self.resources.add(body["resources"], body.get("metadata"),
+                                                                   current=current))
+        return _json(entry, 201)
+
+    async def resource_history(self, request: Request) -> Response:
+        q = request.query_params
+        limit = limit_param(q)
+        after = _version_of(q.get("after", "0"), "after", low=0)
+        data = await run_in_threadpool(self.resources.history, limit + 1, after)
+        more = len(data) > limit
+        data = data[:limit]
+        return _json({"data": data, "next": str(data[-1]["version"]) if more else None})
+
+    async def get_resource_version(self, request: Request) -> Response:
+        version = _version_of(request.path_params["version"], "version")
+        entry = await run_in_threadpool(self.resources.get, version)
+        if entry is None:
+            raise ApiError(404, f"no resources version {version}", "version")
+        return _json(entry)
+
+    async def update_resource_version(self, request: Request) -> Response:
+        version = _version_of(request.path_params["version"], "version")
+        body = read_object(await read_json(request, self.config.max_body_bytes))
+        current = _bool_field(body, "current", False)
+        entry = await run_in_threadpool(lambda: self.resources.update(version, body.get("metadata"),
+                                                                      current=current))
+        if entry is None:
+            raise ApiError(404, f"no resources version {version}", "version")
+        return _json(entry)
 
     # ------------------------------------------------------------------ tasks
 
@@ -759,6 +815,21 @@ def _number(body: dict[str, Any], name: str, default: float, *, high: float = ma
         raise ApiError(400, f"'{name}' must be a {'positive' if low_exclusive else 'non-negative'} number{bound}, "
                             f"got {json.dumps(value)[:40]}", name)
     return float(value)
+
+
+def _version_of(raw: str, name: str, *, low: int = 1) -> int:
+    """A resources version from a path or query parameter: an integer from ``low`` up to SQLite's largest."""
+    if not raw.isdigit() or not low <= int(raw) <= _MAX_INT:
+        raise ApiError(400 if name == "after" else 404, f"'{name}' must be an integer from {low} to 2**63 - 1, "
+                                                        f"got {raw[:40]!r}", name)
+    return int(raw)
+
+
+def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {json.dumps(value)[:40]}", name)
+    return value
 
 
 def _status_param(q: Any) -> list[str] | None:

@@ -50,6 +50,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -325,6 +326,22 @@ class TorchBackend:
         else:
             engine.swap_weights(self.serving_state_dict(), self.version)
         return self.version
+
+    def save_adapter(self, folder: str | os.PathLike[str], version: int | None = None) -> str:
+        """Write the LoRA adapters as peft saves them (``adapter_config.json``, ``adapter_model.safetensors``: what
+        vLLM's ``/v1/load_lora_adapter`` reads) into ``folder``; the version they serve as is ``version``.
+
+        Only with LoRA: full fine-tuning has no adapter to write (:class:`ValueError`).
+        """
+        if self.config.lora is None:
+            raise ValueError("no LoRA adapters to write: this backend fine-tunes every weight (TorchConfig.lora)")
+        self.version = self.step if version is None else version
+        tmp = f"{os.fspath(folder)}.tmp"
+        self.model.save_pretrained(tmp)  # peft: the adapters alone, under peft's names
+        if os.path.exists(folder):
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)  # whole, or not there: a reader never sees half an adapter
+        return os.fspath(folder)
 
     def memory(self) -> dict[str, int]:
         """Bytes this backend holds, by what holds them, each tensor's storage counted once.

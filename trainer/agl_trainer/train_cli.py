@@ -71,9 +71,14 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
         click.echo(str(exc), err=True)
         sys.exit(2)
     if check:
-        tasks = load_tasks(config)
+        try:
+            tasks = load_tasks(config)
+            verl = _check_verl(config) if config.backend.name == "verl" else ""
+        except ConfigError as exc:
+            click.echo(str(exc), err=True)
+            sys.exit(2)
         click.echo(f"agl train: {config_path} is valid: {len(tasks)} tasks, backend {config.backend.name}, "
-                   f"{config.run.steps} steps of {config.data.tasks_per_step} tasks x {config.data.group_size}")
+                   f"{config.run.steps} steps of {config.data.tasks_per_step} tasks x {config.data.group_size}{verl}")
         return
     try:
         outcome = run_training(config, progress=not quiet)
@@ -99,6 +104,19 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
                        "'warnings')", err=True)
     for name, path in outcome.files.items():
         click.echo(f"{name}: {path}")
+
+
+def _check_verl(config: Config) -> str:
+    """verl's own checks of the config it would run (:func:`~agl_trainer.verl_backend.check_verl_config`), where
+    verl is installed; what the check line adds about them."""
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        return " (verl is not installed here: its own checks run as agl train starts on the cluster)"
+    from agl_trainer.verl_backend import check_verl_config
+
+    check_verl_config(config)
+    return "; verl's validate_config passes it"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +164,10 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
         _check_remote_sampling(link, float(config.algorithm.temperature or 1.0))
         _join_remote_builder(link, builder)
     backend, tokenizer = _torch_backend(config)
-    if link is None:
+    if link is None and config.backend.vllm is not None:
+        local, link = _vllm_server(config, builder, token, backend, folder)
+        url = local.url
+    elif link is None:
         local, engine = _local_server(config, builder, token, tokenizer, backend)
         link = local.server
         url = local.url
@@ -157,9 +178,9 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
         resumed = config.run.resume and trainer.resume()
         if resumed:
             bar.note(f"agl train: resuming at step {backend.step} from {trainer.config.checkpoint_dir}")
-        elif config.server.url:
-            # a remote server serves what its --engine loaded: from now on it serves exactly the weights trained
-            # here (and a model of another shape fails now, with the names of the tensors that differ)
+        elif config.server.url or config.backend.vllm is not None:
+            # a remote server serves what its --engine loaded, vLLM no adapter yet: from now on each serves exactly
+            # the weights trained here (a remote model of another shape fails now, naming the tensors that differ)
             trainer.publish()
 
         def stop(history: list[Any]) -> bool:
@@ -280,6 +301,34 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
                                  gateway=GatewayConfig(sampling_overrides=overrides))
     server = TrainerServer(server_config, engine)
     return _Local(server, ServerThread(server).start()), engine
+
+
+def _vllm_server(config: Config, builder: Any, token: str | None, backend: Any, folder: str) -> tuple[_Local, Any]:
+    """The server in this process with vLLM behind its gateway, every call asking for the trained adapter."""
+    from agl_trainer.gateway import GatewayConfig, OpenAIBackend, training_sampling
+    from agl_trainer.server import ServerConfig, ServerThread, TrainerServer, check_bind
+    from agl_trainer.vllm_lora import VllmAdapters, VllmLoraLink
+
+    v = config.backend.vllm
+    assert v is not None
+    if backend.config.lora is None:
+        raise ConfigError("backend.lora", "backend.vllm serves the policy as a LoRA adapter, and this model would be "
+                          "fully fine-tuned: set backend.lora (r, alpha, target_modules)")
+    try:
+        check_bind(config.server.host, token)
+    except ValueError as exc:
+        raise ConfigError("server.token", str(exc)) from None
+    overrides = training_sampling(float(config.algorithm.temperature or 1.0))
+    server_config = ServerConfig(db_path=config.path(config.server.db), host=config.server.host,
+                                 port=config.server.port, token=token, max_attempts=config.server.max_attempts,
+                                 lease_timeout_s=config.server.lease_timeout_s, builder=builder,
+                                 builder_source="agl train (its config and the agent's @agl.rollout_fn builder)",
+                                 gateway=GatewayConfig(served_model=v.lora_name, sampling_overrides=overrides))
+    server = TrainerServer(server_config, OpenAIBackend(v.url, v.api_key))
+    adapters_dir = config.path(v.adapters_dir) if v.adapters_dir else os.path.join(folder, "adapters")
+    os.makedirs(adapters_dir, exist_ok=True)
+    link = VllmLoraLink(server, VllmAdapters(v.url, v.lora_name, api_key=v.api_key), adapters_dir)
+    return _Local(server, ServerThread(server).start()), link
 
 
 class _Workers:

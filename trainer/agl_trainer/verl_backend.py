@@ -31,7 +31,9 @@ worker groups (FSDP actor, optional reference) and vLLM replicas on its Ray clus
 as verl's ``main_ppo`` does, and one training loop in a Ray actor that reads as its stages:
 
 1. **serve**: agl's server starts next to verl's rollout replicas, its gateway in front of
-   the first replica's OpenAI-compatible endpoint (it records token ids and logprobs per call);
+   every replica's OpenAI-compatible endpoint (:class:`~agl_trainer.replicas.ReplicaBackend`: a
+   rollout's calls on one replica, rollouts on the least loaded; it records token ids and logprobs
+   per call);
 2. **roll out**: agl workers (Ray actors) run the unchanged agent against the gateway, one
    GRPO group of ``data.group_size`` rollouts per task;
 3. **score, rows**: :func:`agl_trainer.training.score_batch`, the torch backend's own stage (the
@@ -69,8 +71,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agl.trainer")
 
-__all__ = ["LOSS_MODE", "DataProtoStats", "compose_verl_config", "data_proto_fields", "launch", "sampler_agreement",
-           "signal_problems", "step_config", "to_data_proto", "verl_gateway_config", "verl_overrides"]
+__all__ = ["LOSS_MODE", "DataProtoStats", "RolloutStage", "batch_problems", "check_verl_config",
+           "compose_verl_config", "data_proto_fields", "gateway_url", "launch", "sampler_agreement",
+           "signal_problems", "step_config", "to_data_proto", "tool_call_overrides", "verl_gateway_config",
+           "verl_overrides"]
 
 LOSS_MODE = "agl_per_rollout"
 """agl's per-rollout policy loss in verl's registry (:mod:`agl_trainer.verl_loss`, which needs verl to import)."""
@@ -254,6 +258,8 @@ def verl_overrides(config: Config) -> list[str]:
     def flag(value: bool) -> str:
         return "true" if value else "false"
 
+    log_prob_micro = v.log_prob_micro_batch_size_per_gpu or v.ppo_micro_batch_size_per_gpu
+
     out = [
         f"actor_rollout_ref.model.path={b.model}",
         f"actor_rollout_ref.rollout.name={v.rollout_engine}",
@@ -271,8 +277,12 @@ def verl_overrides(config: Config) -> list[str]:
         f"actor_rollout_ref.actor.use_kl_loss={flag(a.kl_coef > 0)}",
         f"actor_rollout_ref.actor.kl_loss_coef={a.kl_coef}",
         f"actor_rollout_ref.actor.ppo_epochs={b.epochs}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={v.ppo_mini_batch_size}",
+        # a mini-batch holds at most the step's tasks: verl refuses one larger than its train_batch_size
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={min(v.ppo_mini_batch_size, config.data.tasks_per_step)}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={v.ppo_micro_batch_size_per_gpu}",
+        # the old and the reference logprobs: verl's validate_config wants a micro-batch for each
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={log_prob_micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={log_prob_micro}",
         # each rollout one unit of loss however many rows it has, padding none (agl_trainer.verl_loss); verl's
         # own KL and entropy terms are token means; mini-batches keep the order data_proto_fields laid out
         f"actor_rollout_ref.actor.policy_loss.loss_mode={LOSS_MODE}",
@@ -297,7 +307,23 @@ def verl_overrides(config: Config) -> list[str]:
     if b.lora is not None:
         out += [f"actor_rollout_ref.model.lora_rank={b.lora.r}", f"actor_rollout_ref.model.lora_alpha={b.lora.alpha}",
                 f"actor_rollout_ref.model.target_modules=[{','.join(b.lora.target_modules)}]"]
-    return out + list(v.overrides)
+    return out + tool_call_overrides(v) + list(v.overrides)
+
+
+def tool_call_overrides(v: Any) -> list[str]:
+    """The replicas' tool-call parsing, as verl passes ``rollout.engine_kwargs.<engine>`` to the engine's server.
+
+    Without it vLLM answers an agent's ``tools`` with the calls left as text in ``content`` (or a 400
+    for ``tool_choice: auto``): its OpenAI server parses tool calls only when started with
+    ``--enable-auto-tool-choice --tool-call-parser NAME``. SGLang needs the parser alone.
+    """
+    if v.tool_call_parser is None:
+        return []
+    kwargs = f"++actor_rollout_ref.rollout.engine_kwargs.{v.rollout_engine}"
+    out = [f"{kwargs}.tool_call_parser={v.tool_call_parser}"]
+    if v.rollout_engine == "vllm":
+        out.insert(0, f"{kwargs}.enable_auto_tool_choice=true")
+    return out
 
 
 def signal_problems(verl_cfg: Any, config: Config) -> list[str]:
@@ -325,6 +351,58 @@ def signal_problems(verl_cfg: Any, config: Config) -> list[str]:
     return out
 
 
+def batch_problems(verl_cfg: Any) -> list[str]:
+    """What in verl's batch sizes the first update would stop on after the cluster started (verl checks it late).
+
+    Each of verl's mini-batches (``ppo_mini_batch_size x rollout.n`` rows, as :func:`data_proto_fields`
+    lays them out) is split evenly over its data-parallel ranks.
+    """
+    actor, rollout, trainer = verl_cfg.actor_rollout_ref.actor, verl_cfg.actor_rollout_ref.rollout, verl_cfg.trainer
+    gpus = int(trainer.nnodes) * int(trainer.n_gpus_per_node)
+    dp_size = max(1, gpus // int(actor.get("ulysses_sequence_parallel_size", 1) or 1))
+    rows = int(actor.ppo_mini_batch_size) * int(rollout.n)
+    if rows % dp_size:
+        return [f"a mini-batch of {actor.ppo_mini_batch_size} tasks x {rollout.n} rollouts is {rows} rows, which "
+                f"{dp_size} data-parallel GPUs cannot share evenly; make backend.verl.ppo_mini_batch_size x "
+                "data.group_size a multiple of nnodes x n_gpus_per_node"]
+    return []
+
+
+def check_verl_config(config: Config) -> Any:
+    """verl's composed config of ``config``, checked as verl's own trainer checks it; :class:`ConfigError` if not.
+
+    Hydra's compose (a key verl lacks), :func:`signal_problems`, :func:`batch_problems`, then verl's own
+    ``validate_config`` (batch and micro-batch sizes of the actor, rollout and reference): what verl would
+    refuse inside its Ray actor after the cluster started fails here, on any machine with verl. Needs verl.
+    """
+    import importlib.util
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from agl_trainer.config import ConfigError
+
+    try:
+        verl_cfg = compose_verl_config(verl_overrides(config))
+    except Exception as exc:  # noqa: BLE001 - Hydra's errors name verl's key; say which agl key carried it
+        raise ConfigError("backend.verl.overrides", f"verl's config refused it: {exc}") from None
+    for key, problems in (("backend.verl.overrides", signal_problems(verl_cfg, config)),
+                          ("backend.verl", batch_problems(verl_cfg))):
+        if problems:
+            raise ConfigError(key, "; ".join(problems))
+    if config.backend.lora is not None and config.backend.verl.rollout_engine == "vllm" \
+            and importlib.util.find_spec("vllm") is None:
+        # verl's check rounds the rank up to one vLLM supports, importing vLLM's rollout package to ask
+        raise ConfigError("backend.lora", "verl checks the LoRA rank against the vLLM it runs, and vllm is not "
+                          "installed here: check this config where verl's vLLM is (the cluster)")
+    try:
+        validate_config(config=verl_cfg, use_reference_policy=need_reference_policy(verl_cfg),
+                        use_critic=need_critic(verl_cfg))
+    except (AssertionError, ValueError) as exc:
+        raise ConfigError("backend.verl", f"verl's validate_config refused it: {exc}") from None
+    return verl_cfg
+
+
 def step_config(config: Config) -> Any:
     """The :class:`~agl_trainer.training.TrainConfig` of the score and rows stages, as the torch backend's."""
     from agl_trainer.training import TrainConfig
@@ -341,6 +419,32 @@ def verl_gateway_config(config: Config) -> Any:
     from agl_trainer.gateway import GatewayConfig, training_sampling
 
     return GatewayConfig(sampling_overrides=training_sampling(float(config.algorithm.temperature or 1.0)))
+
+
+def gateway_url(config: Config, port: int) -> str:
+    """The URL agl's workers, Ray actors on any node, reach the gateway at: ``backend.verl.gateway_host``,
+    else Ray's address of this node (the one other nodes' raylets reach it by).
+
+    The host name's own address is not it: many hosts map their name to 127.0.0.1 in
+    ``/etc/hosts``. A loopback address on a cluster of more than one node is a :class:`ConfigError`
+    before any worker starts (the workers elsewhere would fail every call). Needs Ray.
+    """
+    import ipaddress
+
+    import ray.util
+
+    from agl_trainer.config import ConfigError
+
+    host = config.backend.verl.gateway_host or ray.util.get_node_ip_address()
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: loopback when it is localhost's
+        loopback = host == "localhost"
+    if loopback and config.backend.verl.nnodes > 1:
+        raise ConfigError("backend.verl.gateway_host",
+                          f"the gateway's address {host} is this machine's loopback, which the workers on the other "
+                          f"{config.backend.verl.nnodes - 1} node(s) cannot reach; set it to an address they can")
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def compose_verl_config(overrides: Sequence[str]) -> Any:
@@ -375,13 +479,7 @@ def launch(config: Config) -> TrainOutcome:
     except ImportError as exc:
         raise ConfigError("backend.name", f"verl needs the verl and ray packages on this machine ({exc}); "
                                           "see docs/verl.md") from None
-    try:
-        verl_cfg = compose_verl_config(verl_overrides(config))
-    except Exception as exc:  # noqa: BLE001 - Hydra's errors name verl's key; say which agl key carried it
-        raise ConfigError("backend.verl.overrides", f"verl's config refused it: {exc}") from None
-    problems = signal_problems(verl_cfg, config)
-    if problems:
-        raise ConfigError("backend.verl.overrides", "; ".join(problems))
+    verl_cfg = check_verl_config(config)
     tasks = load_tasks(config)
     started = time.monotonic()
     if not ray.is_initialized():
@@ -449,6 +547,52 @@ class _Placeholder:
         return {}
 
 
+class RolloutStage:
+    """Stage 2, roll out: one GRPO group of ``group_size`` rollouts per task of the step, on agl's task queue.
+
+    Task ids carry this run's id (``{run_id}-s{step}-t{j}``), new for every ``agl train``: the
+    queue keeps every id it was given, so a rerun or a resume over the same ``server.db`` (whose
+    steps start again at 1, or at verl's checkpoint) enqueues ids of its own.
+    """
+
+    def __init__(self, link: Any, tasks: Sequence[Any], *, tasks_per_step: int, group_size: int, max_attempts: int,
+                 timeout_s: float, run_id: str | None = None, poll_s: float = 0.1) -> None:
+        import uuid
+
+        if not tasks:
+            raise ValueError("tasks is empty: nothing to roll out")
+        self.link = link
+        self.tasks = list(tasks)
+        self.tasks_per_step = tasks_per_step
+        self.group_size = group_size
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.poll_s = poll_s
+
+    def task_ids(self, step: int) -> list[str]:
+        return [f"{self.run_id}-s{step}-t{j}" for j in range(self.tasks_per_step)]
+
+    def step(self, step: int) -> tuple[list[Any], list[str], int]:
+        """Step ``step``'s (from 1) trajectories, the errors of the rollouts whose agent raised, the failed tasks."""
+        j0 = (step - 1) * self.tasks_per_step
+        batch = [self.tasks[(j0 + j) % len(self.tasks)] for j in range(self.tasks_per_step)]
+        ids = self.link.enqueue(batch, self.task_ids(step), repeat=self.group_size, max_attempts=self.max_attempts)
+        pending, done = list(ids), []
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            finished = self.link.finished(pending)
+            done += [r for r in finished.values() if r]
+            pending = [t for t in pending if t not in finished]
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(pending)} rollouts of step {step} did not finish within "
+                                       f"{self.timeout_s:g} s: are the workers running?")
+                time.sleep(self.poll_s)
+        trajectories, errors = self.link.trajectories(done)
+        return trajectories, errors, len(ids) - len(done)
+
+
 def sampler_agreement(trainer_logp: Any, sampler_logp: Any, mask: Any, *, recorded: Any = None) -> dict[str, float]:
     """``ratio_first_mean``/``_min``/``_max`` and ``sampler_kl`` of verl's old logprobs against the gateway's.
 
@@ -468,7 +612,6 @@ def sampler_agreement(trainer_logp: Any, sampler_logp: Any, mask: Any, *, record
 
 def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[dict[str, Any]]:
     """The stages of the module docstring, once per step; returns each step's numbers."""
-    import socket
     import threading
 
     import torch
@@ -477,12 +620,15 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     from agl_core.worker import run_on_ray
     from agl_trainer.config import code_builder, transition_builder
     from agl_trainer.gateway import OpenAIBackend
+    from agl_trainer.replicas import ReplicaBackend
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
     from agl_trainer.signal_health import nothing_trained, signal_warnings, warning_flags
     from agl_trainer.training import LocalServer, StepResult, score_batch, write_curves
 
-    # 1. serve: agl's gateway in front of verl's first rollout replica
-    address = trainer.llm_server_manager.get_addresses()[0]
+    # 1. serve: agl's gateway in front of every rollout replica verl started, a rollout's calls on one
+    addresses = trainer.llm_server_manager.get_addresses()
+    logger.info("agl train: the gateway spreads the rollouts over %d replica(s): %s", len(addresses),
+                ", ".join(addresses))
     token = config.server.token or os.environ.get("AGL_TOKEN") or os.urandom(16).hex()
     host = "0.0.0.0"  # the workers run on other nodes: reachable beyond this one, so always with a token
     folder = config.path(config.run.dir)
@@ -491,10 +637,12 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
     server = TrainerServer(ServerConfig(db_path=config.path(config.server.db), host=host, port=config.server.port,
                                         token=token, builder=builder, max_attempts=config.server.max_attempts,
                                         gateway=verl_gateway_config(config)),
-                           OpenAIBackend(f"http://{address}/v1"))
+                           ReplicaBackend([OpenAIBackend(f"http://{address}/v1") for address in addresses]))
     thread = ServerThread(server).start()
-    url = f"http://{socket.gethostbyname(socket.gethostname())}:{thread.url.rsplit(':', 1)[1]}"
+    url = gateway_url(config, int(thread.url.rsplit(":", 1)[1]))
     link = LocalServer(server, engine=None)
+    rollouts = RolloutStage(link, tasks, tasks_per_step=config.data.tasks_per_step, group_size=config.data.group_size,
+                            max_attempts=config.server.max_attempts, timeout_s=config.run.step_timeout_s)
     # 2. the agent's workers, as Ray actors on the cluster
     threading.Thread(target=run_on_ray, args=("auto", url, config.agent), daemon=True,
                      kwargs={"actors": config.workers.count, "token": token, "actor_cpus": config.workers.actor_cpus,
@@ -515,20 +663,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
         for step in range(first, config.run.steps + 1):
             trainer.global_steps = step
             started = time.perf_counter()
-            j0 = (step - 1) * config.data.tasks_per_step
-            batch_tasks = [tasks[(j0 + j) % len(tasks)] for j in range(config.data.tasks_per_step)]
-            ids = link.enqueue(batch_tasks, [f"verl-s{step}-t{j}" for j in range(len(batch_tasks))], repeat=n,
-                               max_attempts=config.server.max_attempts)
-            pending, done = list(ids), []
-            deadline = time.monotonic() + config.run.step_timeout_s
-            while pending:
-                finished = link.finished(pending)
-                done += [r for r in finished.values() if r]
-                pending = [t for t in pending if t not in finished]
-                if pending and time.monotonic() > deadline:
-                    raise TimeoutError(f"{len(pending)} rollouts of step {step} did not finish in time")
-                time.sleep(0.1)
-            trajectories, errors = link.trajectories(done)
+            trajectories, errors, failed_tasks = rollouts.step(step)
             collected = time.perf_counter()
             # 3. score, rows: the torch backend's stage, on the builder's whole-run credit
             scored = score_batch(trajectories, step_cfg)
@@ -574,7 +709,7 @@ def _fit(trainer: Any, config: Config, verl_cfg: Any, tasks: list[Any]) -> list[
             rollout_s = collected - started
             result = StepResult(step=step, reward=adv_stats.mean_return, final_reward=adv_stats.mean_return,
                                 rollouts=len(trajectories), failed_rollouts=len(errors),
-                                failed_tasks=len(ids) - len(done),
+                                failed_tasks=failed_tasks,
                                 transitions=row_stats.transitions, rows=row_stats.rows, merged=row_stats.merged,
                                 prefix_mismatches=row_stats.prefix_mismatches, rollout_s=rollout_s,
                                 update_s=time.perf_counter() - collected,

@@ -215,6 +215,8 @@ def _rollout_label(rollout: Rollout, transitions: Sequence[Transition], calls: i
     if final is not None:
         label.append("  reward ")
         label.append(_number(final), style=_reward_style(final))
+    if rollout.resources_version is not None:
+        label.append(f"  resources v{rollout.resources_version}", style="magenta")
     if rollout.end_time is not None:
         label.append(f"  {_duration_s(max(0.0, rollout.end_time - rollout.start_time))}", style="dim")
     tools = sum(1 for s in rollout.spans if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == semconv.OP_EXECUTE_TOOL)

@@ -6,6 +6,6 @@ turn (fail-open tests); :mod:`agl_core.testing.redaction` checks that with conte
 secret of the agent's reaches a span.
 """
 
-from agl_core.testing.fake_openai import FakeOpenAI, RecordedRequest, render_prompt, tokenize
+from agl_core.testing.fake_openai import FakeOpenAI, LoraLoad, RecordedRequest, render_prompt, tokenize
 
-__all__ = ["FakeOpenAI", "RecordedRequest", "render_prompt", "tokenize"]
+__all__ = ["FakeOpenAI", "LoraLoad", "RecordedRequest", "render_prompt", "tokenize"]

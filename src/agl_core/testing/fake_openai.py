@@ -25,6 +25,16 @@ answers every chat request with them, asked or not, as a serving engine set up t
 always return them would: an unchanged agent (one that never asks) then gets token
 ids in its transitions.
 
+With ``enable_lora=True`` it also serves vLLM's runtime LoRA endpoints, as ``vllm serve --enable-lora``
+with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` does: ``POST /v1/load_lora_adapter``
+(``lora_name``, ``lora_path`` a peft adapter folder, ``load_inplace``; ``lora_inplace=False``: a
+vLLM from before it, which ignores the field) and ``POST
+/v1/unload_lora_adapter``, with vLLM's answers (a name loaded twice without ``load_inplace``
+is a 400, an unknown one to unload a 404, a folder without ``adapter_config.json`` a 400);
+``/v1/models`` lists the adapters, and a call whose ``model`` is neither the base nor a loaded
+adapter is a 404. Each load is kept in ``srv.lora_loads`` (:class:`LoraLoad`, with a digest of
+the adapter's weights as they were when it was loaded); replies name the model asked for.
+
 Every request is recorded in ``srv.requests`` (path, lower-cased headers, JSON
 body). The server uses only the standard library (``http.server``), keeps
 HTTP/1.1 connections alive and never sleeps, so benchmarks measure the client,
@@ -33,7 +43,9 @@ not the fake.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import threading
 import zlib
@@ -97,6 +109,17 @@ class RecordedRequest:
 
 
 @dataclass(frozen=True)
+class LoraLoad:
+    """One accepted ``POST /v1/load_lora_adapter``: the adapter's name, folder and weights when it was loaded."""
+
+    name: str
+    path: str
+    inplace: bool
+    weights_sha256: str  # of adapter_model.safetensors ("" when the folder has none)
+    calls_before: int  # chat and completion calls answered before this load
+
+
+@dataclass(frozen=True)
 class _Answer:
     """One reply made concrete: content, tool calls and the token ids behind them."""
 
@@ -112,8 +135,14 @@ class FakeOpenAI:
     """``with FakeOpenAI(script=[...]) as srv: openai.OpenAI(base_url=srv.url, api_key="x")``."""
 
     def __init__(self, script: Script | None = None, *, model: str = "fake-model", status: int | None = None,
-                 return_token_ids: bool = False, port: int = 0) -> None:
+                 return_token_ids: bool = False, port: int = 0, enable_lora: bool = False,
+                 lora_inplace: bool = True) -> None:
         self.model = model
+        self.enable_lora = enable_lora
+        self.lora_inplace = lora_inplace  # False: a vLLM from before load_inplace, which ignores the field
+        self.adapters: dict[str, str] = {}  # name -> folder, the LoRA adapters loaded now
+        self.lora_loads: list[LoraLoad] = []
+        self.answered = 0  # chat and completion calls answered
         self.port = port  # 0: any free one; a fixed one lets a test stop the server and start it again there
         self.status = status  # when set, every chat/completions request fails with it
         self.return_token_ids = return_token_ids  # token ids in every chat reply, even unasked
@@ -190,6 +219,37 @@ class FakeOpenAI:
         if content is None and not calls:
             content = ""
         return _Answer(content, calls, reply.get("reasoning"), finish, pieces, tokenize(generated))
+
+
+def _load_adapter(srv: FakeOpenAI, body: Any) -> tuple[int, str]:
+    """vLLM's ``/v1/load_lora_adapter``: its status and message."""
+    name, path = (body.get("lora_name"), body.get("lora_path")) if isinstance(body, dict) else (None, None)
+    if not name or not path:
+        return 400, "Both 'lora_name' and 'lora_path' must be provided."
+    inplace = bool(body.get("load_inplace")) and srv.lora_inplace
+    if name in srv.adapters and not inplace:
+        return 400, f"The lora adapter '{name}' has already been loaded."
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return 400, f"Loading lora {name} failed: No adapter found for {path}"
+    weights = os.path.join(path, "adapter_model.safetensors")
+    digest = ""
+    if os.path.isfile(weights):
+        with open(weights, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    with srv._lock:
+        srv.adapters[name] = path
+        srv.lora_loads.append(LoraLoad(name, path, inplace, digest, srv.answered))
+    return 200, f"Success: LoRA adapter '{name}' added successfully."
+
+
+def _unload_adapter(srv: FakeOpenAI, body: Any) -> tuple[int, str]:
+    name = body.get("lora_name") if isinstance(body, dict) else None
+    if not name:
+        return 400, "'lora_name' needs to be provided to unload a LoRA adapter."
+    with srv._lock:
+        if srv.adapters.pop(name, None) is None:
+            return 404, f"The lora adapter '{name}' cannot be found."
+    return 200, f"Success: LoRA adapter '{name}' removed successfully."
 
 
 def _error_body(status: int, message: str) -> bytes:
@@ -306,8 +366,11 @@ def _make_handler(srv: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
             srv._record(RecordedRequest("GET", self.path, {k.lower(): v for k, v in self.headers.items()}, None))
             if self.path.rstrip("/") == "/v1/models":
-                data = {"object": "list", "data": [{"id": srv.model, "object": "model", "created": CREATED,
-                                                    "owned_by": "fake"}]}
+                models: list[dict[str, Any]] = [{"id": srv.model, "object": "model", "created": CREATED,
+                                                 "owned_by": "fake"}]
+                models += [{"id": name, "object": "model", "created": CREATED, "owned_by": "fake",
+                                  "root": path, "parent": srv.model} for name, path in srv.adapters.items()]
+                data = {"object": "list", "data": models}
                 self._send(200, json.dumps(data).encode())
             else:
                 self._send(404, _error_body(404, f"no route GET {self.path}"))
@@ -315,6 +378,14 @@ def _make_handler(srv: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             body, n = self._read()
             path = self.path.split("?")[0].rstrip("/")
+            lora = {"/v1/load_lora_adapter": _load_adapter, "/v1/unload_lora_adapter": _unload_adapter}
+            if srv.enable_lora and path in lora:
+                status, message = lora[path](srv, body)
+                if status == 200:
+                    self._send(200, message.encode(), "text/plain")
+                else:
+                    self._send(status, _error_body(status, message))
+                return
             if path not in ("/v1/chat/completions", "/v1/completions"):
                 self._send(404, _error_body(404, f"no route POST {self.path}"))
                 return
@@ -324,6 +395,11 @@ def _make_handler(srv: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             if srv.status is not None:
                 self._send(srv.status, _error_body(srv.status, "FakeOpenAI was told to fail"))
                 return
+            if srv.enable_lora and body.get("model") not in (srv.model, *srv.adapters):
+                self._send(404, _error_body(404, f"The model `{body.get('model')}` does not exist."))
+                return
+            with srv._lock:
+                srv.answered += 1
             reply = srv._reply(body)
             spec: Mapping[str, Any] = {"content": reply} if isinstance(reply, str) else reply
             status = int(spec.get("status", 200))
