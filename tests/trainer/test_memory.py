@@ -292,3 +292,42 @@ def test_chunked_logprobs_never_hold_a_float32_tokens_by_vocab_tensor() -> None:
     full = _peak("full", vocab, batch, length)
     assert full > whole  # the measure sees such a tensor when there is one
     assert chunked < 0.5 * whole, f"peak {chunked / 1e6:.0f} MB, a [tokens, vocab] float32 is {whole / 1e6:.0f} MB"
+
+
+# ---------------------------------------------------------------- the optimizer step
+
+_STEP_SCRIPT = r"""
+import json, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from agl_trainer.torch_backend import TorchBackend, TorchConfig
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=128000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False))
+backend = TorchBackend(model, TorchConfig(lr=1e-3, gradient_checkpointing=False))
+def step():
+    for p in backend.master.parameters:
+        p.grad = torch.full_like(p, 1e-3)
+    def rss(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    open("/proc/self/clear_refs", "w").write("5")
+    base = rss("VmRSS:")
+    backend.master.step(backend.optimizer, 1.0)
+    return rss("VmHWM:") - base
+step()  # AdamW's moments allocated once, before the measure
+print(json.dumps({"peak": step(), "largest": max(p.numel() * p.element_size() for p in model.parameters())}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's peak-RSS reset")
+def test_the_optimizer_step_allocates_no_temporary_the_size_of_a_parameter() -> None:
+    """AdamW one tensor at a time took two temporaries the size of each parameter (its square root's denominator):
+    twice the 33 MB embedding of a 128k vocabulary over the model's own memory, a figure TRL's fused AdamW does not
+    pay (bench/train_memory.py). The fused kernel updates in place."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
+    out = subprocess.run([sys.executable, "-c", _STEP_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["peak"] < 0.25 * got["largest"], f"the step's peak is {got['peak'] / 1e6:.0f} MB over the live memory"

@@ -160,6 +160,8 @@ class BackendConfig(_Section):
     epochs: PosInt = 1
     minibatches: PosInt = 1
     max_tokens_per_forward: PosInt = 16384
+    logit_chunk_tokens: PosInt = 512
+    """Positions projected onto the vocabulary at a time for logprobs and entropy (docs/memory.md)."""
     threads: PosInt | None = None
     """torch CPU threads (None: torch's default)."""
     max_batch: PosInt = 8

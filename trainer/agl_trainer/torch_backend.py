@@ -146,8 +146,7 @@ class TorchBackend:
         self.shared_engine: Any = None
         """The :class:`~agl_trainer.engine.TorchEngine` that serves :attr:`model` itself (:meth:`engine`)."""
         self.master = MasterWeights([p for p in self.model.parameters() if p.requires_grad])
-        self.optimizer = torch.optim.AdamW(self.master.parameters, lr=self.config.lr, betas=self.config.betas,
-                                           weight_decay=self.config.weight_decay)
+        self.optimizer = _adamw(self.master.parameters, self.config)
         self.step = 0
         self.version = 0
 
@@ -417,6 +416,18 @@ class TorchBackend:
     @staticmethod
     def has_checkpoint(folder: str | os.PathLike[str]) -> bool:
         return os.path.exists(os.path.join(folder, "trainer.pt"))
+
+
+def _adamw(params: list[Any], config: TorchConfig) -> Any:
+    """AdamW, fused where the device has the kernel: it updates each tensor in place, where the one-tensor-at-a-time
+    AdamW takes two temporaries the size of the parameter (for a 150k-token vocabulary's embedding, GBs)."""
+    import torch
+
+    options = {"lr": config.lr, "betas": config.betas, "weight_decay": config.weight_decay}
+    try:
+        return torch.optim.AdamW(params, fused=True, **options)
+    except RuntimeError:  # a device or dtype without the fused kernel
+        return torch.optim.AdamW(params, **options)
 
 
 class MasterWeights:

@@ -283,6 +283,7 @@ def _torch_backend(config: Config) -> tuple[Any, Any]:
                           kl_coef=a.kl_coef, epochs=b.epochs, minibatches=b.minibatches, max_grad_norm=a.max_grad_norm,
                           max_tokens_per_forward=b.max_tokens_per_forward, lora=lora,
                           lora_above_params=b.lora_above_params, gradient_checkpointing=b.gradient_checkpointing,
+                          logit_chunk_tokens=b.logit_chunk_tokens,
                           temperature=float(a.temperature or 1.0))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     return TorchBackend(model, options, device=b.device, pad_id=pad), tokenizer
