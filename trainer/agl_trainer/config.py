@@ -66,8 +66,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 __all__ = [
     "AirConfig", "AlgorithmConfig", "BackendConfig", "Config", "ConfigError", "CreditConfig", "DataConfig",
     "LoraConfig", "RunConfig", "ServerSection", "ValidationConfig", "ValidationSampling", "VerlConfig",
-    "VllmLoraConfig", "WorkersConfig", "apply_overrides", "code_builder", "load_config", "load_tasks", "load_validation_tasks",
-    "transition_builder",
+    "VllmLoraConfig", "WorkersConfig", "apply_overrides", "code_builder", "load_config", "load_tasks",
+    "load_validation_tasks", "transition_builder",
 ]
 
 
