@@ -516,8 +516,9 @@ class TrainerServer:
         return _json(entry)
 
     async def update_resource_version(self, request: Request) -> Response:
-        version = _version_of(request.path_params["version"], "version")
+        # the body first, as every route: a body no route could read is a 400 naming its place, whatever the path
         body = read_object(await read_json(request, self.config.max_body_bytes))
+        version = _version_of(request.path_params["version"], "version")
         current = _bool_field(body, "current", False)
         entry = await run_in_threadpool(lambda: self.resources.update(version, body.get("metadata"),
                                                                       current=current))
