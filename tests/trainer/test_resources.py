@@ -57,7 +57,13 @@ def test_server_versions_resources_and_refuses_bad_ones(fake: FakeOpenAI, make_s
         r = httpx.post(url + "/v1/resources", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
     assert httpx.get(url + "/v1/resources/99").status_code == 404
-    assert httpx.get(url + "/v1/resources/x").status_code == 404
+    # digits Python's int() reads but a version is not: superscript one (int() fails), Arabic-Indic three (reads 3)
+    for raw in ("x", "%C2%B9", "%D9%A3", "%EF%BC%91"):
+        r = httpx.get(url + "/v1/resources/" + raw)
+        assert r.status_code == 404 and r.json()["error"]["param"] == "version", (raw, r.text)
+        r = httpx.post(url + "/v1/resources/" + raw, json={"current": True})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "version", (raw, r.text)
+    assert httpx.get(url + "/v1/resources/history", params={"after": "\u0661"}).status_code == 400
     assert len(httpx.get(url + "/v1/resources/history").json()["data"]) == 2  # nothing refused was stored
 
 

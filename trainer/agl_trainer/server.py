@@ -821,7 +821,8 @@ def _number(body: dict[str, Any], name: str, default: float, *, high: float = ma
 
 def _version_of(raw: str, name: str, *, low: int = 1) -> int:
     """A resources version from a path or query parameter: an integer from ``low`` up to SQLite's largest."""
-    if not raw.isdigit() or not low <= int(raw) <= _MAX_INT:
+    # ASCII only: str.isdigit() also takes superscripts (int() refuses them) and other scripts' digits
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= _MAX_INT:
         raise ApiError(400 if name == "after" else 404, f"'{name}' must be an integer from {low} to 2**63 - 1, "
                                                         f"got {raw[:40]!r}", name)
     return int(raw)
