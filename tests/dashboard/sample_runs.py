@@ -23,6 +23,7 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
 
 N_STEPS = 12
+MODEL = "fake-model"  # what FakeOpenAI serves: the policy, so agl serve has no other model to warn about
 
 
 def script(request: dict[str, Any]) -> Any:
@@ -58,7 +59,7 @@ def _solve(client: openai.OpenAI, question: str) -> str:
     """The 'solver' agent: asks the model, runs the calculator it calls, asks again with the result."""
     with _agent_span("solver"):
         messages: list[Any] = [{"role": "user", "content": question}]
-        first = client.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        first = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
         message = first.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls or []:
@@ -68,14 +69,14 @@ def _solve(client: openai.OpenAI, question: str) -> str:
                 if tool.result.startswith("error"):
                     tool.error(tool.result)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": str(tool.result)})
-        second = client.chat.completions.create(model="gpt-4o", messages=messages)
+        second = client.chat.completions.create(model=MODEL, messages=messages)
         return second.choices[0].message.content or ""
 
 
 def _check(client: openai.OpenAI, answer: str) -> None:
     """The 'checker' agent: one LLM call over the solver's answer."""
     with _agent_span("checker"):
-        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": f"Check: {answer}"}])
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Check: {answer}"}])
 
 
 QUESTIONS = [
