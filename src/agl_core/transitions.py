@@ -34,6 +34,7 @@ different values is a :class:`BuilderConflict` naming the two.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import importlib
 import json
@@ -515,8 +516,11 @@ def _superseded_tool_spans(spans: list[Span]) -> set[str]:
     """Ids of agl tool spans that a later one of the same call id replaces: one call id is one outcome.
 
     A call run again under its id (a graph resumed after an ``interrupt()`` runs its tool from the start) is
-    told to the model once, with the last run's result; only that run is rewarded.
+    told to the model once, with the last run's result; only that run is rewarded. A model call between
+    the two means the id was used again for a new call (servers that number calls per reply reuse
+    ``call_0``), and each of those calls keeps its own outcome.
     """
+    asked = sorted(s.start_ns for s in spans if is_llm_span(s))
     last: dict[str, Span] = {}
     superseded: set[str] = set()
     for span in spans:
@@ -524,6 +528,8 @@ def _superseded_tool_spans(spans: list[Span]) -> set[str]:
         if not (is_tool_span(span) and span.attributes.get(semconv.AGL_PLUGIN) and call_id):
             continue
         before = last.get(str(call_id))
+        if before is not None and _model_asked_between(asked, before, span):
+            before = None
         if before is not None:
             later, earlier = (span, before) if span.end_ns >= before.end_ns else (before, span)
             superseded.add(earlier.span_id)
@@ -531,6 +537,13 @@ def _superseded_tool_spans(spans: list[Span]) -> set[str]:
         else:
             last[str(call_id)] = span
     return superseded
+
+
+def _model_asked_between(asked: list[int], one: Span, other: Span) -> bool:
+    """Whether a model call started after the earlier of two spans ended and before the later one started."""
+    earlier, later = (one, other) if one.end_ns <= other.end_ns else (other, one)
+    i = bisect.bisect_right(asked, earlier.end_ns)
+    return i < len(asked) and asked[i] < later.start_ns
 
 
 def _seen_by_agl(span: Span, recorded: set[str]) -> bool:
