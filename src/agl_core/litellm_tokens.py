@@ -85,13 +85,7 @@ def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def completion(*args: Any, **kwargs: Any) -> Any:
         span = _llm_span()
-        reply = original(*args, **kwargs)
-        if span is None:
-            return reply
-        if kwargs.get("stream"):
-            return _Stream(reply, span)
-        _record(span, lambda: reply_attributes(reply))
-        return reply
+        return _observed(original(*args, **kwargs), span, bool(kwargs.get("stream")))
 
     return completion
 
@@ -100,15 +94,19 @@ def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def acompletion(*args: Any, **kwargs: Any) -> Any:
         span = _llm_span()
-        reply = await original(*args, **kwargs)
-        if span is None:
-            return reply
-        if kwargs.get("stream"):
-            return _Stream(reply, span)
-        _record(span, lambda: reply_attributes(reply))
-        return reply
+        return _observed(await original(*args, **kwargs), span, bool(kwargs.get("stream")))
 
     return acompletion
+
+
+def _observed(reply: Any, span: Any, stream: bool) -> Any:
+    """What LiteLLM returned, its token ids put on ``span`` (a stream's as it is read)."""
+    if span is None:
+        return reply
+    if stream:
+        return _Stream(reply, span)
+    _record(span, lambda: reply_attributes(reply))
+    return reply
 
 
 def _llm_span() -> Any:
