@@ -571,11 +571,16 @@ def _call_before(calls: list[_Call], time_ns: int) -> _Call:
 
 
 def _call_for_tool(calls: list[_Call], tool: Span) -> _Call:
+    """The call that asked for ``tool``: of those that issued its id, the last to start before it ran.
+
+    An id can come back in a later reply (servers that number calls per reply reuse ``call_0``);
+    the first issuer is kept when none started before the tool (clocks of two processes).
+    """
     call_id = tool.attributes.get(semconv.GEN_AI_TOOL_CALL_ID)
     if call_id:
-        for call in calls:
-            if call_id in call.tool_call_ids():
-                return call
+        issuers = [call for call in calls if call_id in call.tool_call_ids()]
+        if issuers:
+            return _call_before(issuers, tool.start_ns)
     return _call_before(calls, tool.start_ns)
 
 

@@ -311,6 +311,18 @@ def test_one_call_id_is_one_outcome_the_last_run_of_it() -> None:
     assert [t.reward for t in traj.transitions] == [0.1, None]
 
 
+def test_an_id_used_again_by_a_later_reply_is_a_new_call_with_its_own_outcome() -> None:
+    # servers that number calls per reply reuse "call_0": a failed call, the model asked again, the same id ok
+    a = llm(None, "q", calc_call("call_0"), plugin="langchain")
+    failed = tool(None, "calc", "call_0", "error", **{semconv.AGL_TOOL_STATUS: "exception",
+                                                      semconv.AGL_PLUGIN: "langchain"})
+    b = llm(None, "q2", calc_call("call_0"), plugin="langchain")
+    ok = tool(None, "calc", "call_0", **{semconv.AGL_TOOL_STATUS: "ok", semconv.AGL_PLUGIN: "langchain"})
+    c = llm(None, "q3", "done", plugin="langchain")
+    traj = TransitionBuilder(air=AirRules(tool_ok=0.1, tool_exception=-1.0)).build(rollout(a, failed, b, ok, c))
+    assert [t.reward for t in traj.transitions] == [-1.0, 0.1, None]
+
+
 def test_a_rejected_call_is_its_own_outcome_and_a_pause_is_none() -> None:
     a = llm(None, "q", calc_call("c1"), plugin="openai_agents")
     pause = span(semconv.tool_pause_span_name("calc"), **{
