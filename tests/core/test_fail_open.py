@@ -45,6 +45,7 @@ from agl_core.testing.faults import (
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
+RESPONSES_TOOL: Any = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
 SCRIPT = ["Paris.", "Paris, streamed.",
           {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
           {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Lyon"}}]},
@@ -105,6 +106,13 @@ def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
             return r.choices[0].message.content
 
         out.append(asyncio.run(call()))
+        items = [{"role": "user", "content": "Weather?"},
+                 {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+                 {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+        answer = client.responses.create(model="m", input=items, tools=[RESPONSES_TOOL], extra_body=extra)
+        out.append(answer.output_text)
+        events = client.responses.create(model="m", input="Streamed weather?", stream=True)
+        out.append("".join(e.delta for e in events if e.type == "response.output_text.delta"))
         after()
         agl.emit_reward(1.0)
     assert run.rollout.status == "succeeded"

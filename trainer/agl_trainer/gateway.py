@@ -1,7 +1,8 @@
 """The OpenAI-compatible gateway in front of the model being trained, recording exact token ids per call.
 
 Routes: ``POST /v1/chat/completions`` (plain and streamed), ``POST /v1/completions``
-(plain and streamed), ``GET /v1/models``. Behind it sits a :class:`Backend`: an
+(plain and streamed), ``POST /v1/responses`` (the Responses API, answered through the
+chat path: :mod:`agl_trainer.responses_api`), ``GET /v1/models``. Behind it sits a :class:`Backend`: an
 OpenAI-compatible server that returns token ids the way vLLM does
 (:class:`OpenAIBackend`: ``vllm serve``, verl's async servers, agl's fake), or
 the built-in torch engine (:mod:`agl_trainer.engine`).
@@ -82,6 +83,7 @@ from agl_trainer.api import (
     read_json,
     read_object,
 )
+from agl_trainer.responses_api import ResponsesCall
 from agl_trainer.token_records import TokenRecord, TokenRecords, parse_traceparent
 from agl_trainer.upstream import Upstream
 
@@ -530,6 +532,7 @@ class Gateway:
         return [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
         ]
 
@@ -559,6 +562,11 @@ class Gateway:
         body = read_object(await read_json(request, self.max_body_bytes))
         check_completion(body)
         return await self._call(request, "completions", body)
+
+    async def responses(self, request: Request) -> Response:
+        call = ResponsesCall(read_object(await read_json(request, self.max_body_bytes)))
+        check_chat(call.chat)
+        return call.answer(await self._call(request, "chat/completions", call.chat))
 
     async def aclose(self) -> None:
         """Close the connections to the frozen models' upstreams (the backend is its owner's to close)."""

@@ -449,6 +449,17 @@ def _paths() -> dict[str, Any]:
                    "content": {"application/json": {"schema": _COMPLETION_REPLY},
                                "text/event-stream": {"schema": {}}}}},
             body=_body(_CHAT_REQUEST), params=[_traceparent()], errors=(502, 504))},
+        "/v1/responses": {"post": _op(
+            "The OpenAI Responses API through the gateway's chat path (agl_trainer.responses_api), recording the "
+            "call's token ids by traceparent; stored state (previous_response_id) and hosted tools are refused.",
+            {200: {"description": "A Response object, or Responses server-sent events with stream=true.",
+                   "content": {"application/json": {"schema": {"type": "object"}},
+                               "text/event-stream": {"schema": {}}}}},
+            body=_body(_obj({"input": {"anyOf": [_STRING, {"type": "array", "items": {"type": "object"}}]},
+                             "instructions": _nullable(_STRING),
+                             "tools": _nullable({"type": "array", "items": {"type": "object"}}),
+                             "max_output_tokens": _nullable({"type": "integer", "minimum": 1})},
+                            ("input",), extra=True)), params=[_traceparent()], errors=(502, 504))},
         "/v1/completions": {"post": _op(
             "OpenAI text completions through the gateway, recording the call's token ids by traceparent.",
             {200: {"description": "The backend's reply (a JSON object, or server-sent events with stream=true).",

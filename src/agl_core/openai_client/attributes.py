@@ -26,7 +26,8 @@ from typing import Any
 
 from agl_core import semconv
 from agl_core.encoding import MessageMemo, dumps, sampling_attributes
-from agl_core.messages import to_genai
+from agl_core.messages import as_dict, to_genai
+from agl_core.openai_client import responses_items
 
 Attributes = dict[str, Any]
 
@@ -303,3 +304,100 @@ class StreamAccumulator:
         logprobs = first.logprobs if first is not None and first.logprobs else None
         _token_attributes(attrs, self.prompt_token_ids, response_ids, logprobs)
         return attrs
+
+
+# --------------------------------------------------------------------------- the Responses API
+# A ``responses.create`` call is one chat request to the model: its span has the same GenAI attributes as a
+# chat completion's, its input and output items written as the chat messages they stand for
+# (:mod:`agl_core.openai_client.responses_items`), so the transition it becomes reads like any other.
+
+
+def responses_request_attributes(params: Mapping[str, Any], base_url: Any) -> Attributes:
+    """The span's start attributes from ``responses.create(**params)``; ``input``/``tools`` must be re-iterable."""
+    attrs = dict(_common(base_url))
+    get = params.get
+    attrs[semconv.GEN_AI_REQUEST_STREAM] = get("stream") is True
+    model = get("model")
+    if type(model) is str:
+        attrs[semconv.GEN_AI_REQUEST_MODEL] = model
+    sampling_attributes(get, attrs)
+    limit = get("max_output_tokens")
+    if type(limit) is int:
+        attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] = limit
+    given = get("input")
+    if isinstance(given, (str, list, tuple)):  # not the SDK's omit/NOT_GIVEN, which a framework may pass
+        instructions = get("instructions")
+        messages = responses_items.input_messages(given, instructions if isinstance(instructions, str) else None)
+        attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages)
+    tools = get("tools")
+    if isinstance(tools, (list, tuple)) and tools:
+        try:
+            attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = dumps(responses_items.chat_tools(tools))
+        except responses_items.ItemError:  # hosted tools: kept as given, for debugging
+            attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = dumps([t if isinstance(t, dict) else as_dict(t) for t in tools])
+    return attrs
+
+
+def responses_response_attributes(response: Any) -> Attributes:
+    """The span's end attributes from a Responses API ``Response`` (or ``ParsedResponse``)."""
+    attrs: Attributes = {}
+    if response.model:
+        attrs[semconv.GEN_AI_RESPONSE_MODEL] = response.model
+    if response.id:
+        attrs[semconv.GEN_AI_RESPONSE_ID] = response.id
+    usage = response.usage
+    if usage is not None:
+        if usage.input_tokens is not None:
+            attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
+        if usage.output_tokens is not None:
+            attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
+    details = response.incomplete_details
+    message, finish = responses_items.output_message(response.output, response.status,
+                                                     getattr(details, "reason", None))
+    attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (finish,)
+    attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = dumps([to_genai(message, finish)])
+    extra = _extra(response)
+    if extra is not None:  # a server that returns token ids in the body (vLLM's return_token_ids, agl's gateway)
+        _token_attributes(attrs, extra.get("prompt_token_ids"), extra.get("token_ids"), None)
+    return attrs
+
+
+_TERMINAL = frozenset({"response.completed", "response.incomplete"})
+
+
+class ResponsesStreamAccumulator:
+    """Folds Responses stream events: the terminal event's ``response`` is the whole answer.
+
+    Until it comes, the finished output items and the text deltas are kept, so a stream that broke
+    off still shows on its span what arrived.
+    """
+
+    __slots__ = ("response", "items", "text", "failed")
+
+    def __init__(self) -> None:
+        self.response: Any = None
+        self.items: list[Any] = []
+        self.text: list[str] = []
+        self.failed = False
+
+    def add(self, event: Any) -> None:
+        kind = event.type
+        if kind == "response.output_text.delta":
+            self.text.append(event.delta)
+        elif kind == "response.output_item.done":
+            self.items.append(event.item)
+        elif kind in _TERMINAL:
+            self.response = event.response
+        elif kind == "response.failed":
+            self.failed = True
+
+    def finished(self) -> bool:
+        return self.response is not None
+
+    def attributes(self) -> Attributes:
+        if self.response is not None:
+            return responses_response_attributes(self.response)
+        message, _ = responses_items.output_message(self.items)
+        if self.text and not message.get("content"):
+            message["content"] = "".join(self.text)
+        return {semconv.GEN_AI_OUTPUT_MESSAGES: dumps([to_genai(message)])}

@@ -1,7 +1,8 @@
-"""The ``openai`` plugin: one ``chat {model}`` span per chat-completion call of the OpenAI Python client.
+"""The ``openai`` plugin: one ``chat {model}`` span per chat-completion or Responses call of the OpenAI Python client.
 
 Hook: the class methods ``Completions.create`` / ``AsyncCompletions.create`` (and
-``.parse``) in ``openai.resources.chat.completions``. Every client instance
+``.parse``) in ``openai.resources.chat.completions``, and the same methods of
+``Responses`` / ``AsyncResponses`` in ``openai.resources.responses``. Every client instance
 (``OpenAI``, ``AsyncOpenAI``, ``AzureOpenAI``, and the clients that frameworks
 build on them) looks these up on the class, so one patch covers them all, and
 sync, async and streaming calls alike:
@@ -33,9 +34,22 @@ is current while the request runs, and its W3C ``traceparent`` is added to the
 request headers unless the caller set one, so agl's gateway can key its token-id
 record to this span.
 
+**The Responses API** goes through the same wrappers: ``responses.create`` (plain,
+``stream=True``, and ``responses.stream(...)``, which calls ``create`` at call time)
+and ``responses.parse`` (which posts on its own). Its span is a ``chat`` span like
+any other, the input items and output items written as the chat messages they
+stand for (:mod:`agl_core.openai_client.responses_items`, the same mapping agl's
+gateway answers ``/v1/responses`` with), function calls as tool calls; a stream
+ends its span at ``response.completed`` (or ``response.incomplete``) with that
+event's whole ``Response``, and a stream that stops before it is a failed call.
+The ``traceparent`` goes out the same way, so the gateway's token ids join.
+Framework clients on the Responses API (Agent Framework's ``OpenAIResponsesClient``,
+Pydantic AI's ``OpenAIResponsesModel``) call ``responses.create``: their plugin's
+span is the outer one and this span nests in it, one transition between them.
+
 Not covered: ``client.completions`` (legacy text completions), the Responses
-API, raw ``client.post(...)`` calls, and openai 1.x's separate
-``client.beta.chat.completions.parse`` (gone from the 3.x line).
+websocket connection (``responses.connect``), raw ``client.post(...)`` calls, and
+openai 1.x's separate ``client.beta.chat.completions.parse`` (gone from the 3.x line).
 """
 
 from __future__ import annotations
@@ -130,16 +144,16 @@ def _one_shot(value: Any) -> bool:
     return hasattr(value, "__iter__") and not isinstance(value, (list, tuple, str, bytes, Mapping))
 
 
-def _start(resource: Any, kwargs: dict[str, Any]) -> _Call | None:
+def _start(resource: Any, kwargs: dict[str, Any], types: _Types) -> _Call | None:
     """Open the span for ``create(**kwargs)``; edits ``kwargs`` in place (headers, re-iterable messages)."""
     span = None
     try:
-        for key in ("messages", "tools"):
+        for key in types.iterables:
             value = kwargs.get(key)
             if type(value) is not list and value is not None and _one_shot(value):
                 kwargs[key] = list(value)  # we read it before openai does: it must not reach openai empty
         client = resource._client
-        attrs = attributes.request_attributes(kwargs, getattr(client, "_base_url", None) or client.base_url)
+        attrs = types.request_attributes(kwargs, getattr(client, "_base_url", None) or client.base_url)
         span = collector.tracer().start_span(
             semconv.chat_span_name(kwargs.get("model")), kind=SpanKind.CLIENT,
             attributes=sampler_attributes(attrs),
@@ -156,17 +170,55 @@ def _start(resource: Any, kwargs: dict[str, Any]) -> _Call | None:
 
 
 class _Types:
-    """The openai classes the wrappers tell apart, imported at attach time (never at module import)."""
+    """The openai classes the wrappers tell apart, imported at attach time (never at module import), and how
+    one API's requests, results and stream events become attributes: chat completions here, the Responses
+    API in :class:`_ResponsesTypes`."""
+
+    iterables: tuple[str, ...] = ("messages", "tools")
 
     def __init__(self) -> None:
         from openai import AsyncStream, Stream
         from openai._legacy_response import LegacyAPIResponse
-        from openai.types.chat import ChatCompletion
 
-        self.completion: type[Any] = ChatCompletion
+        self.completion: type[Any] = self._result()
         self.stream: type[Any] = Stream
         self.async_stream: type[Any] = AsyncStream
         self.legacy_response: type[Any] = LegacyAPIResponse
+
+    def _result(self) -> type[Any]:
+        from openai.types.chat import ChatCompletion
+
+        return ChatCompletion
+
+    # looked up in the module at call time, so what the module holds is what runs
+    def request_attributes(self, params: Mapping[str, Any], base_url: Any) -> dict[str, Any]:
+        return attributes.request_attributes(params, base_url)
+
+    def response_attributes(self, result: Any) -> dict[str, Any]:
+        return attributes.response_attributes(result)
+
+    def accumulator(self) -> Any:
+        return attributes.StreamAccumulator()
+
+
+class _ResponsesTypes(_Types):
+    """``responses.create``: ``input`` items and a ``Response``; its stream is of Responses events."""
+
+    iterables = ("input", "tools")
+
+    def _result(self) -> type[Any]:
+        from openai.types.responses import Response
+
+        return Response
+
+    def request_attributes(self, params: Mapping[str, Any], base_url: Any) -> dict[str, Any]:
+        return attributes.responses_request_attributes(params, base_url)
+
+    def response_attributes(self, result: Any) -> dict[str, Any]:
+        return attributes.responses_response_attributes(result)
+
+    def accumulator(self) -> Any:
+        return attributes.ResponsesStreamAccumulator()
 
 
 def _finish(call: _Call, result: Any, types: _Types) -> Any:
@@ -174,15 +226,15 @@ def _finish(call: _Call, result: Any, types: _Types) -> Any:
     span = call.span
     try:
         if isinstance(result, types.completion):
-            set_on(span, attributes.response_attributes(result))
+            set_on(span, types.response_attributes(result))
         elif isinstance(result, types.stream):
-            return SyncStreamProxy(result, span)
+            return SyncStreamProxy(result, span, types.accumulator())
         elif isinstance(result, types.async_stream):
-            return AsyncStreamProxy(result, span)
+            return AsyncStreamProxy(result, span, types.accumulator())
         elif isinstance(result, types.legacy_response) and not call.stream:
             parsed = result.parse()  # cached by the SDK: the caller's parse() returns this same object
             if isinstance(parsed, types.completion):
-                set_on(span, attributes.response_attributes(parsed))
+                set_on(span, types.response_attributes(parsed))
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("openai.response", exc)
     try:
@@ -197,9 +249,9 @@ class _StreamSpan:
 
     __slots__ = ("span", "acc", "done")
 
-    def __init__(self, span: trace.Span) -> None:
+    def __init__(self, span: trace.Span, acc: Any) -> None:
         self.span = span
-        self.acc = attributes.StreamAccumulator()
+        self.acc = acc
         self.done = False
 
     def add(self, chunk: Any) -> None:
@@ -267,9 +319,9 @@ class _ResponseProxy(_Proxy):
 class SyncStreamProxy(_Proxy):
     """A ``Stream[ChatCompletionChunk]`` that records its chunks on the call's span."""
 
-    def __init__(self, wrapped: Any, span: trace.Span) -> None:
+    def __init__(self, wrapped: Any, span: trace.Span, acc: Any) -> None:
         super().__init__(wrapped)
-        self._self_state = _StreamSpan(span)
+        self._self_state = _StreamSpan(span, acc)
 
     def __iter__(self) -> SyncStreamProxy:
         return self  # Stream.__iter__ drains the same underlying iterator as __next__
@@ -316,9 +368,9 @@ class SyncStreamProxy(_Proxy):
 class AsyncStreamProxy(_Proxy):
     """An ``AsyncStream[ChatCompletionChunk]`` that records its chunks on the call's span."""
 
-    def __init__(self, wrapped: Any, span: trace.Span) -> None:
+    def __init__(self, wrapped: Any, span: trace.Span, acc: Any) -> None:
         super().__init__(wrapped)
-        self._self_state = _StreamSpan(span)
+        self._self_state = _StreamSpan(span, acc)
 
     def __aiter__(self) -> AsyncStreamProxy:
         return self
@@ -366,7 +418,7 @@ class AsyncStreamProxy(_Proxy):
 
 
 class OpenAIInstrumentor(Instrumentor):
-    """Spans for ``openai`` chat completions: sync, async, streamed and parsed."""
+    """Spans for ``openai`` chat completions and Responses calls: sync, async, streamed and parsed."""
 
     name: ClassVar[str] = "openai"
     framework: ClassVar[str] = "openai"
@@ -377,13 +429,21 @@ class OpenAIInstrumentor(Instrumentor):
     def _attach(self) -> None:
         from openai.resources.chat.completions import AsyncCompletions, Completions
 
-        types = _Types()
-        for method in ("create", "parse"):
-            if hasattr(Completions, method):
-                self.patch(Completions, method, functools.partial(self._sync_wrapper, types=types))
-            if hasattr(AsyncCompletions, method):
-                self.patch(AsyncCompletions, method, functools.partial(self._async_wrapper, types=types))
+        self._hook(Completions, AsyncCompletions, _Types())
+        try:
+            from openai.resources.responses import AsyncResponses, Responses
+        except ImportError:  # an openai from before the Responses API
+            pass
+        else:
+            self._hook(Responses, AsyncResponses, _ResponsesTypes())
         self._active = True
+
+    def _hook(self, sync: type[Any], async_: type[Any], types: _Types) -> None:
+        for method in ("create", "parse"):
+            if hasattr(sync, method):
+                self.patch(sync, method, functools.partial(self._sync_wrapper, types=types))
+            if hasattr(async_, method):
+                self.patch(async_, method, functools.partial(self._async_wrapper, types=types))
 
     def _detach(self) -> None:
         self._active = False  # helpers that bound our wrapper (with_raw_response) now pass straight through
@@ -393,7 +453,7 @@ class OpenAIInstrumentor(Instrumentor):
 
         @functools.wraps(original)
         def create(resource: Any, *args: Any, **kwargs: Any) -> Any:
-            call = _start(resource, kwargs) if plugin._active else None
+            call = _start(resource, kwargs, types) if plugin._active else None
             if call is None:
                 return original(resource, *args, **kwargs)
             try:
@@ -412,7 +472,7 @@ class OpenAIInstrumentor(Instrumentor):
 
         @functools.wraps(original)
         async def create(resource: Any, *args: Any, **kwargs: Any) -> Any:
-            call = _start(resource, kwargs) if plugin._active else None
+            call = _start(resource, kwargs, types) if plugin._active else None
             if call is None:
                 return await original(resource, *args, **kwargs)
             try:

@@ -2,7 +2,11 @@
 
 It serves ``POST /v1/chat/completions`` (plain JSON, or SSE with ``data: ...``
 chunks, ``data: [DONE]`` and ``stream_options.include_usage``),
-``POST /v1/completions`` (plain JSON only) and ``GET /v1/models``. Replies are
+``POST /v1/completions`` (plain JSON only), ``POST /v1/responses`` (the
+Responses API: the request made the chat request it stands for and the chat
+reply written back as a ``Response`` or its events, as agl's gateway does; with
+token ids, the ``Response`` carries ``prompt_token_ids`` and ``token_ids``) and
+``GET /v1/models``. Replies are
 scripted and consumed in order; once the script is used up (or without one) the
 reply echoes the last user message. A reply is one of:
 
@@ -54,6 +58,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
+
+from agl_core.openai_client.responses_items import ItemError, ResponseWriter, chat_request
 
 Reply = str | Mapping[str, Any]
 Script = Sequence[Reply] | Callable[[dict[str, Any]], Reply]
@@ -252,8 +258,8 @@ def _unload_adapter(srv: FakeOpenAI, body: Any) -> tuple[int, str]:
     return 200, f"Success: LoRA adapter '{name}' removed successfully."
 
 
-def _error_body(status: int, message: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": "server_error", "code": status}}).encode()
+def _error_body(status: int, message: str, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": "server_error", "code": status, "param": param}}).encode()
 
 
 def _logprobs(answer: _Answer, start: int = 0, stop: int | None = None) -> dict[str, Any]:
@@ -375,6 +381,16 @@ def _make_handler(srv: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, _error_body(404, f"no route GET {self.path}"))
 
+        def _send_response(self, request: dict[str, Any], chat: dict[str, Any], answer: _Answer, n: int) -> None:
+            """The Responses API's answer: the chat reply written as a Response, or as its events."""
+            writer = ResponseWriter(request, f"resp_{n}", CREATED)
+            if not chat.get("stream"):
+                self._send(200, json.dumps(writer.response(_chat_response(srv, chat, answer, n))).encode())
+                return
+            events = [e for c in _chat_chunks(srv, chat, answer, n) for e in writer.add(c)] + writer.done()
+            self._send(200, b"".join(b"event: " + e["type"].encode() + b"\ndata: " + json.dumps(e).encode() + b"\n\n"
+                                     for e in events), "text/event-stream")
+
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             body, n = self._read()
             path = self.path.split("?")[0].rstrip("/")
@@ -386,7 +402,7 @@ def _make_handler(srv: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 else:
                     self._send(status, _error_body(status, message))
                 return
-            if path not in ("/v1/chat/completions", "/v1/completions"):
+            if path not in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
                 self._send(404, _error_body(404, f"no route POST {self.path}"))
                 return
             if not isinstance(body, dict):
@@ -398,6 +414,13 @@ def _make_handler(srv: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             if srv.enable_lora and body.get("model") not in (srv.model, *srv.adapters):
                 self._send(404, _error_body(404, f"The model `{body.get('model')}` does not exist."))
                 return
+            request = body
+            if path == "/v1/responses":
+                try:
+                    body = chat_request(request)
+                except ItemError as exc:
+                    self._send(400, _error_body(400, str(exc), exc.field))
+                    return
             with srv._lock:
                 srv.answered += 1
             reply = srv._reply(body)
@@ -410,7 +433,9 @@ def _make_handler(srv: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self._send(status, _error_body(status, str(spec.get("error", "scripted failure"))))
                 return
             answer = srv._answer(spec, n)
-            if path == "/v1/completions":
+            if path == "/v1/responses":
+                self._send_response(request, body, answer, n)
+            elif path == "/v1/completions":
                 self._send(200, json.dumps(_completion_response(srv, body, answer.content or "", n)).encode())
             elif body.get("stream"):
                 # the whole event stream in one write: the client still parses it chunk by chunk
