@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
-import threading
-from collections.abc import AsyncIterable, Callable, Iterator, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from typing import Any
 
 import agent_framework._tools as af_tools
@@ -37,6 +34,7 @@ from pydantic import BaseModel
 
 import agl_core as agl
 from agl_core import semconv
+from agl_core.openai_client.responses_items import chat_request
 from agl_core.schema import Span
 from agl_core.testing import FakeOpenAI, render_prompt, tokenize
 
@@ -291,61 +289,39 @@ async def test_a_client_of_the_users_own_defined_later_is_traced(instrumented: l
             assert chat.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 3
 
 
-class _ResponsesHandler(BaseHTTPRequestHandler):
-    """``POST /v1/responses``: one scripted reply per request (text, or a function call), non-streamed."""
-
-    script: list[dict[str, Any]] = []
-    seen: list[dict[str, Any]] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        self.seen.append(body)
-        reply = self.script[len(self.seen) - 1]
-        output = ([{"type": "function_call", "id": "fc_1", "call_id": reply["call_id"], "name": reply["name"],
-                    "arguments": reply["arguments"], "status": "completed"}] if "name" in reply else
-                  [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text", "text": reply["text"], "annotations": []}]}])
-        data = json.dumps({"id": f"resp_{len(self.seen)}", "object": "response", "created_at": 1, "model": "fake-model",
-                           "status": "completed", "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
-                           "tools": [], "usage": {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10,
-                                                  "input_tokens_details": {"cached_tokens": 0},
-                                                  "output_tokens_details": {"reasoning_tokens": 0}}}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def responses_server() -> Iterator[tuple[str, type[_ResponsesHandler]]]:
-    handler = type("Handler", (_ResponsesHandler,), {"script": [], "seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1", handler
-    server.shutdown()
-    server.server_close()
-
-
-async def test_the_responses_api_client_is_traced(instrumented: list[str],
-                                                  responses_server: tuple[str, type[_ResponsesHandler]]) -> None:
-    url, handler = responses_server
-    handler.script = [{"name": "add", "call_id": "call-r1", "arguments": '{"a": 1, "b": 2}'}, {"text": "It is 3."}]
-    client = OpenAIChatClient(model="fake-model", base_url=url, api_key="x")
+@pytest.mark.parametrize("stream", [False, True], ids=["awaited", "streamed"])
+async def test_the_responses_api_client_is_one_transition_per_request_with_exact_token_ids(
+        instrumented: list[str], serve: Callable[..., FakeOpenAI], stream: bool) -> None:
+    srv = serve(tool_call("add", {"a": 1, "b": 2}, "call-r1"), "It is 3.")
+    client = OpenAIChatClient(model="fake-model", base_url=srv.url, api_key="x")  # the Responses API client
     agent = Agent(client=client, name="responder", instructions=SYSTEM, tools=[add], default_options={"store": False})
     async with agl.rollout(task_id="t-responses") as run:
-        answer = await run_text(agent, "1 + 2?", stream=False)
-    assert answer == "It is 3." and len(handler.seen) == 2
+        if stream:  # the updates hold the deltas and then the whole text again (output_text.done): read the final
+            updates = agent.run("1 + 2?", stream=True)
+            _ = [u async for u in updates]
+            answer = str((await updates.get_final_response()).text)
+        else:
+            answer = await run_text(agent, "1 + 2?", stream)
+    assert answer == "It is 3."
+    requests = [r for r in srv.requests if r.path.endswith("/responses")]
+    assert len(requests) == 2 and all(r.body.get("stream", False) is stream for r in requests)
     traj = run.trajectory()
-    assert [t.agent_name for t in traj.transitions] == ["responder", "responder"]
-    assert traj.transitions[0].response["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
-    assert traj.transitions[1].prompt[-1] == {"role": "tool", "tool_call_id": "call-r1", "content": "3"}
-    assert traj.transitions[1].response == {"role": "assistant", "content": "It is 3."}
-    assert spans(run, "chat", "openai") == []  # agl's openai plugin covers Chat Completions, not Responses
+    assert [t.agent_name for t in traj.transitions] == ["responder", "responder"] and traj.skipped == []
+    first, second = traj.transitions
+    assert first.prompt == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "1 + 2?"}]
+    assert first.response["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
+    assert second.prompt[-1] == {"role": "tool", "tool_call_id": "call-r1", "content": "3"}
+    assert second.response == {"role": "assistant", "content": "It is 3."}
+    # the exact ids of what the server tokenised, from the openai plugin's span of each Responses request
+    for t, request in zip(traj.transitions, requests, strict=True):
+        messages = chat_request(request.body)["messages"]
+        assert t.token_source == "response" and t.prompt_token_ids == tokenize(render_prompt(messages))
+    assert first.response_token_ids == tokenize('<tool_call> add {"a": 1, "b": 2}')
+    assert second.response_token_ids == tokenize("It is 3.")
+    chats, clients = spans(run, "chat"), spans(run, "chat", "openai")
+    assert len(chats) == len(clients) == 2  # one span each per request, nested: never a doubled transition
+    assert [c.parent_id for c in clients] == [c.span_id for c in chats]
+    assert [r.headers["traceparent"].split("-")[2] for r in requests] == [c.span_id for c in clients]
     assert [s.attributes[semconv.AGL_TOOL_STATUS] for s in spans(run, "execute_tool")] == ["ok"]
 
 

@@ -315,3 +315,16 @@ def test_items_without_a_chat_equivalent_name_their_field(given: Any, field: str
     with pytest.raises(ItemError) as caught:
         input_messages(given)
     assert caught.value.field == field
+
+
+async def test_a_streamed_raw_response_records_its_stream_once_parsed(exporter: InMemorySpanExporter,
+                                                                      serve: Any) -> None:
+    srv = serve("Four five", ids=True)
+    client = openai.AsyncOpenAI(base_url=srv.url, api_key="x", max_retries=0)
+    raw = await client.responses.with_raw_response.create(model="m", input="count", stream=True)
+    assert raw.headers["content-type"] == "text/event-stream"
+    stream = raw.parse()
+    assert raw.parse() is stream  # parsed once, as the SDK caches it
+    assert [e.type async for e in stream][-1] == "response.completed"
+    t = _transition(_only(exporter))
+    assert t.response["content"] == "Four five" and t.response_token_ids == ANSWER_IDS

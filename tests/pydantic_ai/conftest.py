@@ -1,7 +1,7 @@
 """Fixtures of the Pydantic AI suite: the real framework, offline, against agl's fake model server.
 
 No API key is set and nothing leaves 127.0.0.1: models are Pydantic AI's OpenAI models on
-:class:`agl_core.testing.FakeOpenAI` (or :class:`FakeResponses` for the Responses API), or the
+:class:`agl_core.testing.FakeOpenAI` (chat completions and the Responses API), or the
 framework's own ``FunctionModel`` and ``TestModel``.
 """
 

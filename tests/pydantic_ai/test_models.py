@@ -19,23 +19,24 @@ from pydantic_ai.usage import RequestUsage
 
 import agl_core as agl
 from agl_core import semconv
-from agl_core.testing import FakeOpenAI
+from agl_core.openai_client.responses_items import chat_request
+from agl_core.testing import FakeOpenAI, render_prompt, tokenize
 
-from .fakes import FakeResponses, by_plugin, call_item, chat_model, spans, text_item
+from .fakes import by_plugin, chat_model, spans
 
 pytestmark = pytest.mark.usefixtures("instrumented")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["run_sync", "run_stream"])
-def test_the_responses_api_model_is_captured_with_the_gateways_traceparent(stream: bool) -> None:
+def test_the_responses_api_model_is_one_transition_per_request_with_exact_token_ids(stream: bool) -> None:
     from openai import AsyncOpenAI
     from pydantic_ai.models.openai import OpenAIResponsesModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    replies = [[call_item("r1", "lookup", '{"city":"Rome"}')], [text_item("Sunny in Rome.")]]
-    with FakeResponses(replies) as srv:
+    script = [{"tool_calls": [{"name": "lookup", "arguments": '{"city":"Rome"}', "id": "r1"}]}, "Sunny in Rome."]
+    with FakeOpenAI(script, return_token_ids=True) as srv:
         client = AsyncOpenAI(base_url=srv.url, api_key="not-a-key", max_retries=0)
-        model = OpenAIResponsesModel("resp-model", provider=OpenAIProvider(openai_client=client))
+        model = OpenAIResponsesModel("fake-model", provider=OpenAIProvider(openai_client=client))
         agent: Agent[None, str] = Agent(model, name="roman", instructions="Be brief.")
 
         @agent.tool_plain
@@ -49,16 +50,27 @@ def test_the_responses_api_model_is_captured_with_the_gateways_traceparent(strea
         with agl.rollout(task_id="responses") as run:
             output = asyncio.run(streamed()) if stream else agent.run_sync("Weather in Rome?").output
     assert output == "Sunny in Rome."
+    requests = [r for r in srv.requests if r.path.endswith("/responses")]
+    assert len(requests) == 2 and all(r.body.get("stream", False) is stream for r in requests)
     traj = run.trajectory()
-    assert [(t.agent_name, t.model) for t in traj.transitions] == [("roman", "resp-model")] * 2
-    assert traj.transitions[0].prompt == [{"role": "system", "content": "Be brief."},
-                                          {"role": "user", "content": "Weather in Rome?"}]
-    assert traj.transitions[1].prompt[-1] == {"role": "tool", "tool_call_id": "r1", "content": "Rome: sunny"}
-    assert traj.transitions[1].response == {"role": "assistant", "content": "Sunny in Rome."}
+    assert [(t.agent_name, t.model) for t in traj.transitions] == [("roman", "fake-model")] * 2
+    first, second = traj.transitions
+    assert first.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Rome?"}]
+    assert first.response["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"city":"Rome"}'}
+    assert second.prompt[-1] == {"role": "tool", "tool_call_id": "r1", "content": "Rome: sunny"}
+    assert second.response == {"role": "assistant", "content": "Sunny in Rome."}
+    # the exact ids of what the server tokenised, through agl's openai plugin beneath the framework's model
+    for t, request in zip(traj.transitions, requests, strict=True):
+        messages = chat_request(request.body)["messages"]
+        assert t.token_source == "response" and t.prompt_token_ids == tokenize(render_prompt(messages))
+    assert first.response_token_ids == tokenize('<tool_call> lookup {"city":"Rome"}')
+    assert second.response_token_ids == tokenize("Sunny in Rome.")
     chats = spans(run, semconv.OP_CHAT)
-    assert [c.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] for c in chats] == [11, 11]
-    # no openai-plugin span for the Responses API: this span's traceparent is what a gateway joins on
-    assert [r["headers"]["traceparent"] for r in srv.requests] == [f"00-{c.trace_id}-{c.span_id}-01" for c in chats]
+    outer, inner = by_plugin(chats, "pydantic_ai"), by_plugin(chats, "openai")
+    assert len(outer) == len(inner) == 2  # one span each per request, nested: never a doubled transition
+    assert [c.parent_id for c in inner] == [c.span_id for c in outer]
+    # the framework span's traceparent goes out (the caller's header wins in the openai plugin): a gateway joins on it
+    assert [r.headers["traceparent"] for r in requests] == [f"00-{c.trace_id}-{c.span_id}-01" for c in outer]
 
 
 def test_the_callers_own_traceparent_is_kept() -> None:

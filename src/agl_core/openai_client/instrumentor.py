@@ -24,8 +24,10 @@ sync, async and streaming calls alike:
   once per resource, the first time ``with_raw_response`` is touched: covered
   when that happens after ``instrument()``. A non-streamed raw response is
   parsed to read it (the SDK caches the parse, so the caller's ``parse()`` gets
-  the same object). A streamed raw response and ``with_streaming_response`` give
-  a span with the request side only: their body is the caller's, unread.
+  the same object). A streamed raw response comes back as a proxy whose
+  ``parse()`` gives the stream as a recording proxy (:class:`RawStreamProxy`: Agent
+  Framework streams the Responses API this way). ``with_streaming_response`` gives
+  a span with the request side only: its body is the caller's, unread.
 
 Patching the resource rather than the HTTP layer (OpenInference wraps
 ``OpenAI.request``) means the span sees typed parameters and typed responses,
@@ -231,7 +233,9 @@ def _finish(call: _Call, result: Any, types: _Types) -> Any:
             return SyncStreamProxy(result, span, types.accumulator())
         elif isinstance(result, types.async_stream):
             return AsyncStreamProxy(result, span, types.accumulator())
-        elif isinstance(result, types.legacy_response) and not call.stream:
+        elif isinstance(result, types.legacy_response):
+            if call.stream:
+                return RawStreamProxy(result, span, types)
             parsed = result.parse()  # cached by the SDK: the caller's parse() returns this same object
             if isinstance(parsed, types.completion):
                 set_on(span, types.response_attributes(parsed))
@@ -314,6 +318,54 @@ class _ResponseProxy(_Proxy):
             await self.__wrapped__.aclose()
         finally:
             self._self_state.end()
+
+
+class RawStreamProxy(_Proxy):
+    """A streamed ``with_raw_response`` result: its ``parse()`` hands back the stream as a recording proxy.
+
+    The SDK parses a streamed raw response into a ``Stream`` without reading it, so the stream's
+    events still reach the span (Agent Framework streams the Responses API this way). A raw response
+    parsed into a type of the caller's own (``parse(to=...)``), or never parsed, ends the span with
+    the request side only.
+    """
+
+    def __init__(self, wrapped: Any, span: trace.Span, types: _Types) -> None:
+        super().__init__(wrapped)
+        self._self_span = span
+        self._self_types = types
+        self._self_stream: Any = None
+        self._self_ended = False
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        parsed = self.__wrapped__.parse(*args, **kwargs)
+        if self._self_stream is not None or self._self_ended:
+            return self._self_stream if self._self_stream is not None and not args and not kwargs else parsed
+        try:
+            types = self._self_types
+            if not args and not kwargs and isinstance(parsed, types.stream):
+                self._self_stream = SyncStreamProxy(parsed, self._self_span, types.accumulator())
+            elif not args and not kwargs and isinstance(parsed, types.async_stream):
+                self._self_stream = AsyncStreamProxy(parsed, self._self_span, types.accumulator())
+            else:
+                self._end()
+                return parsed
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            report("openai.response", exc)
+            self._end()
+            return parsed
+        return self._self_stream
+
+    def _end(self) -> None:
+        if not self._self_ended:
+            self._self_ended = True
+            try:
+                self._self_span.end()
+            except Exception as exc:  # noqa: BLE001
+                report("openai.response", exc)
+
+    def __del__(self) -> None:
+        if getattr(self, "_self_stream", True) is None:
+            self._end()  # never parsed: the request side is all there is
 
 
 class SyncStreamProxy(_Proxy):
