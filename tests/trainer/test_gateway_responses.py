@@ -7,7 +7,9 @@ Responses calls become transitions with the gateway's exact token ids, joined by
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -168,3 +170,69 @@ def test_a_backend_failure_reaches_the_sdk_as_an_error(make_server: ServerFactor
         srv = make_server(fake)
         with pytest.raises(openai.APIStatusError, match="engine fell over"):
             _client(srv.url).responses.create(model="m", input="hi")
+
+
+@pytest.fixture
+def framework_plugins() -> Iterator[None]:
+    active = agl.instrument(["pydantic_ai", "agent_framework"])
+    assert set(active) == {"pydantic_ai", "agent_framework"}, active
+    yield
+    agl.uninstrument()
+
+
+async def _pydantic_ai_agent(url: str) -> str:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    agent: Agent[None, str] = Agent(OpenAIResponsesModel("fake-model", provider=OpenAIProvider(openai_client=client)),
+                                    name="forecaster", instructions="Be brief.")
+
+    @agent.tool_plain
+    def lookup(city: str) -> str:
+        return "sunny"
+
+    async with agent.run_stream("Weather in Paris?") as result:
+        return await result.get_output()
+
+
+async def _agent_framework_agent(url: str) -> str:
+    from agent_framework import Agent, tool
+    from agent_framework.openai import OpenAIChatClient
+
+    @tool
+    def lookup(city: str) -> str:
+        """Look a city's weather up."""
+        return "sunny"
+
+    client = OpenAIChatClient(model="fake-model", base_url=url + "/v1", api_key="x")  # the Responses API client
+    agent = Agent(client=client, name="forecaster", instructions="Be brief.", tools=[lookup],
+                  default_options={"store": False})
+    updates = agent.run("Weather in Paris?", stream=True)
+    _ = [u async for u in updates]
+    return str((await updates.get_final_response()).text)
+
+
+@pytest.mark.usefixtures("framework_plugins")
+@pytest.mark.parametrize("framework", ["pydantic_ai", "agent_framework"])
+def test_a_frameworks_streamed_responses_client_trains_on_the_gateways_ids(
+        make_server: ServerFactory, framework: str) -> None:
+    with FakeOpenAI(script=[CALL, "It is sunny in Paris."]) as fake:
+        srv = make_server(fake)
+        store = agl.HttpStore(srv.url)
+        agent = _pydantic_ai_agent if framework == "pydantic_ai" else _agent_framework_agent
+        with agl.rollout(task_id="weather", store=store) as run:
+            assert asyncio.run(agent(srv.url)) == "It is sunny in Paris."
+            agl.emit_reward(1.0)
+        sent = _chat_calls(fake)
+        traj = store.trajectories(rollout_ids=[run.id])[0]
+    assert len(sent) == 2 and all(body.get("stream") is True for body in sent)
+    assert [t.agent_name for t in traj.transitions] == ["forecaster", "forecaster"]  # one per request
+    for t, body in zip(traj.transitions, sent, strict=True):
+        assert t.token_source == "gateway" and t.prompt_token_ids == tokenize(render_prompt(body["messages"]))
+        assert len(t.response_logprobs or []) == len(t.response_token_ids or [])
+    assert traj.transitions[0].response_token_ids == tokenize('<tool_call> lookup {"city": "Paris"}')
+    assert traj.transitions[1].response_token_ids == tokenize("It is sunny in Paris.")
+    assert traj.transitions[1].prompt[-1] == {"role": "tool", "tool_call_id": "call_7", "content": "sunny"}
+    assert len(srv.server.records) == 0  # every record joined its span
