@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 import agl_core as agl
 from agl_core.testing import FakeOpenAI, render_prompt, tokenize
+from agl_trainer.gateway import OpenAIBackend
 
 from .conftest import ServerFactory
 
@@ -236,3 +238,45 @@ def test_a_frameworks_streamed_responses_client_trains_on_the_gateways_ids(
     assert traj.transitions[1].response_token_ids == tokenize("It is sunny in Paris.")
     assert traj.transitions[1].prompt[-1] == {"role": "tool", "tool_call_id": "call_7", "content": "sunny"}
     assert len(srv.server.records) == 0  # every record joined its span
+
+
+def test_a_stream_that_fails_midway_raises_in_the_sdk_and_records_nothing(make_server: ServerFactory) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    first = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "fake-model", "prompt_token_ids": [1],
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Par"}, "token_ids": [2],
+                          "finish_reason": None, "logprobs": None}]}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            data = b'{"object": "list", "data": [{"id": "fake-model"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            data = (b"data: " + json.dumps(first).encode() + b"\n\n"
+                    + b'data: {"error": {"message": "engine fell over"}}\n\n')
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=upstream.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        srv = make_server(OpenAIBackend(f"http://127.0.0.1:{upstream.server_address[1]}/v1"))
+        stream = _client(srv.url).responses.create(model="m", input="hi", stream=True, extra_headers=TP)
+        with pytest.raises(openai.APIError, match="engine fell over"):
+            for _ in stream:
+                pass
+        assert srv.server.records.get((TRACE, SPAN)) is None
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
