@@ -23,7 +23,8 @@ Hooks, and why each catches every path:
   Pydantic AI's OpenAI classes (and their subclasses) also get the chat span's
   W3C ``traceparent`` in ``ModelSettings.extra_headers``, so agl's gateway joins
   its token-id record to the span for chat completions and the Responses API
-  alike (the caller's own ``traceparent`` wins).
+  alike (the caller's own ``traceparent`` wins; the ``openai`` plugin's span of
+  the request, nested in this one, keeps it, so the two stay one transition).
 - **Agent identity: ``Agent.iter``.** Every way of running an agent goes
   through it (``run`` and ``run_stream`` call it; ``run_sync`` and
   ``run_stream_events`` call ``run``; a ``WrapperAgent`` or a durable agent
