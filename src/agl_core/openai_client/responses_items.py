@@ -46,8 +46,17 @@ def _text(value: Any, field: str) -> str:
     return value
 
 
+def _object(raw: Any, field: str) -> dict[str, Any]:
+    """A request's JSON object, or an SDK object (a pydantic model) as one; :class:`ItemError` for anything else."""
+    if isinstance(raw, dict):
+        return raw
+    if hasattr(raw, "model_dump"):
+        return as_dict(raw)
+    raise ItemError(field, f"must be an object, got {type(raw).__name__}")
+
+
 def _part(raw: Any, field: str) -> dict[str, Any]:
-    part = as_dict(raw) if not isinstance(raw, dict) else raw
+    part = _object(raw, field)
     kind = part.get("type")
     if kind in ("input_text", "output_text", "text"):
         return {"type": "text", "text": _text(part.get("text"), f"{field}.text")}
@@ -95,13 +104,11 @@ def input_messages(input: Any, instructions: Any = None, *, field: str = "input"
     calls_to: Message | None = None  # the assistant message that the next function_call joins
     for i, raw in enumerate(input):
         where = f"{field}[{i}]"
-        item = raw if isinstance(raw, dict) else as_dict(raw)
-        if not isinstance(item, Mapping):
-            raise ItemError(where, "must be an object")
+        item = _object(raw, where)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             role = item.get("role")
-            if role not in _ROLES:
+            if not isinstance(role, str) or role not in _ROLES:  # a dict or list role is unhashable
                 raise ItemError(f"{where}.role", f"must be one of {', '.join(sorted(_ROLES))}, got {role!r}")
             message: Message = {"role": role, "content": _content(item.get("content"), f"{where}.content")}
             if role == "assistant" and reasoning is not None:
@@ -139,7 +146,7 @@ def chat_tools(tools: Any, *, field: str = "tools") -> list[dict[str, Any]]:
         raise ItemError(field, "must be an array of tools")
     out = []
     for i, raw in enumerate(tools):
-        tool = raw if isinstance(raw, dict) else as_dict(raw)
+        tool = _object(raw, f"{field}[{i}]")
         if tool.get("type") != "function":
             raise ItemError(f"{field}[{i}].type", f"must be 'function', got {tool.get('type')!r} (a hosted tool "
                                                   "runs on OpenAI's side; the model behind this one has none)")
