@@ -33,7 +33,8 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
   ``{"resources": {name: value}, "metadata"?, "current"?}``: a new version; ``GET /v1/resources/history``
   (paged, ``after=<version>``); ``GET|POST /v1/resources/{version}`` ``{"metadata"?, "current"?}``: notes on a
   version, or make it current again (:mod:`agl_trainer.resources`).
-- ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
+- ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/models``: the gateway
+  (:mod:`agl_trainer.gateway`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
 - ``/`` and ``/dashboard``: the dashboard (:mod:`agl_trainer.dashboard`), with ``GET /v1/stats``.
 
