@@ -151,6 +151,7 @@ def test_a_tool_call_round_trip_in_a_rollout_becomes_two_transitions_with_the_ga
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      "input[0].content[0].type", "input_text"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type", "hosted tool"),
+    ({"input": "hi", "tools": {}}, "tools", "must be an array"),
     ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "whole conversation"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens", "1 or more"),
     ({"input": "hi", "instructions": 3}, "instructions", "must be a string"),

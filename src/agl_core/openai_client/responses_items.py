@@ -415,8 +415,10 @@ def chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     if not messages:
         raise ItemError("input", "must hold at least one item")
     chat: dict[str, Any] = {"messages": messages}
-    if body.get("tools"):
-        chat["tools"] = chat_tools(body["tools"])
+    if body.get("tools") is not None:
+        tools = chat_tools(body["tools"])
+        if tools:
+            chat["tools"] = tools
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
     if body.get("text") is not None:
