@@ -17,14 +17,16 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 import agl_core as agl
+from agl_core.cli import cli
 from agl_core.testing import FakeOpenAI
 from agl_trainer.apo import ApoOutcome, run_apo
 from agl_trainer.config import ConfigError, validate
 from agl_trainer.train_cli import main
 
-from .conftest import HERE
+from .conftest import HERE, ServerFactory
 
 PLANTED = "answer in french"  # compared lower-cased
 INITIAL = "You are a helpful assistant."
@@ -139,7 +141,7 @@ def stored(tmp_path: Path) -> agl.SqliteStore:
 
 
 def test_the_beam_finds_the_planted_instruction_and_keeps_everything(
-        tmp_path: Path, model: FakeOpenAI, optimizer: Callable[..., Optimizer],
+        tmp_path: Path, model: FakeOpenAI, optimizer: Callable[..., Optimizer], make_server: ServerFactory,
         capsys: pytest.CaptureFixture[str]) -> None:
     opt = optimizer()
     outcome = run_apo(validate(raw_config(tmp_path, opt.url), base_dir=str(tmp_path)), progress=True)
@@ -174,18 +176,29 @@ def test_the_beam_finds_the_planted_instruction_and_keeps_everything(
         for r in runs:
             assert r.resources_version == int(r.task_id.split("-v")[1].split("-")[0]), r.task_id
         assert {r.final_reward for r in runs if r.resources_version == 3} == {1.0}
-    from agl_trainer.resources import ResourceVersions
-
-    versions = ResourceVersions(str(tmp_path / "agl.db"))
-    try:
-        current = versions.current()
-        assert current is not None and current["version"] == 3
-        assert current["resources"] == {"system_prompt": best.prompt, "k": 3}  # the other resources as given
-        assert current["metadata"]["apo"]["winner"] and current["metadata"]["apo"]["validation_score"] == 1.0
-        assert current["metadata"]["apo"]["critique"] == CRITIQUE
-        assert [e["metadata"]["apo"]["winner"] for e in versions.history(10)] == [False, False, True, False, False]
-    finally:
-        versions.close()
+    # a server started again on the run's store serves it all: the candidates with their notes, the round metrics
+    srv = make_server(model, db=tmp_path / "agl.db")
+    current = httpx.get(srv.url + "/v1/resources").json()
+    assert current["version"] == 3 and current["resources"] == {"system_prompt": best.prompt, "k": 3}
+    notes = current["metadata"]["apo"]
+    assert notes["winner"] and notes["validation_score"] == 1.0 and notes["critique"] == CRITIQUE
+    assert notes["parent"] == 1 and notes["round"] == 1 and notes["run"] == record["run"]
+    history = httpx.get(srv.url + "/v1/resources/history").json()["data"]
+    assert [e["metadata"]["apo"]["winner"] for e in history] == [False, False, True, False, False]
+    assert [e["metadata"]["apo"]["validation_score"] for e in history] == [0.0, 0.0, 1.0, 0.0, 0.0]
+    metrics = httpx.get(srv.url + "/v1/metrics").json()["data"]
+    assert [(m["step"], m["values"]["apo_best_validation_reward"], m["values"]["apo_rollouts"],
+             m["values"]["apo_optimizer_calls"]) for m in metrics] == [(1, 1.0, 8.0, 3.0), (2, 1.0, 16.0, 6.0)]
+    # agl apo show: from the run folder (with why it stopped) and from the server, the same candidates
+    wide = CliRunner(env={"COLUMNS": "200"})
+    shown = [wide.invoke(cli, ["apo", "show", str(folder)]),
+             wide.invoke(cli, ["apo", "show", "--server", srv.url, "--run-id", record["run"]])]
+    for result in shown:
+        assert result.exit_code == 0, result.output
+        winner = next(line for line in result.output.splitlines() if "yes" in line)
+        assert "v3" in winner and "1.000" in winner and "Always answer in French." in winner, result.output
+        assert f"from which v3 was written: {CRITIQUE}" in result.output
+    assert "stopped: rounds" in shown[0].output and "16 rollouts, 6 optimiser calls, 600 tokens" in shown[0].output
 
 
 @pytest.mark.parametrize(("budget", "stop", "rollouts", "calls", "versions"), [

@@ -306,12 +306,12 @@ class Candidate:
     train_scores: list[float] = field(default_factory=list)
     """Its mean reward on each round's training batch while in the beam."""
     winner: bool = False
-    duplicate_of: int | None = None
 
-    def metadata(self, run_id: str) -> dict[str, Any]:
-        return {"apo": {"run": run_id, "round": self.round, "parent": self.parent, "critique": self.critique,
-                        "validation_score": self.validation_score, "validation_rollouts": self.validation_rollouts,
-                        "train_scores": self.train_scores, "winner": self.winner}}
+    def metadata(self, run_id: str, resource: str) -> dict[str, Any]:
+        return {"apo": {"run": run_id, "resource": resource, "round": self.round, "parent": self.parent,
+                        "critique": self.critique, "validation_score": self.validation_score,
+                        "validation_rollouts": self.validation_rollouts, "train_scores": self.train_scores,
+                        "winner": self.winner}}
 
 
 @dataclass
@@ -521,13 +521,13 @@ class _Search:
         resources = {**self.config.resources, self.apo.resource: prompt}
         candidate = Candidate(version=0, prompt=prompt, round=round_, parent=parent, critique=critique)
         _, data = self.client.client.request("POST", "/v1/resources", {
-            "resources": resources, "metadata": candidate.metadata(self.run_id), "current": False})
+            "resources": resources, "metadata": candidate.metadata(self.run_id, self.apo.resource), "current": False})
         candidate.version = int(data["version"])
         self.candidates.append(candidate)
         return candidate
 
     def _note(self, candidate: Candidate, *, current: bool = False) -> None:
-        body: dict[str, Any] = {"metadata": candidate.metadata(self.run_id)}
+        body: dict[str, Any] = {"metadata": candidate.metadata(self.run_id, self.apo.resource)}
         if current:
             body["current"] = True
         self.client.client.request("POST", f"/v1/resources/{candidate.version}", body)
@@ -615,8 +615,8 @@ class _Search:
 
     def _metrics(self, round_: int, best: Candidate) -> None:
         scores = [c.validation_score for c in self.beam if c.validation_score is not None]
-        values = {"apo_best_validation": float(best.validation_score or 0.0),
-                  "apo_beam_mean_validation": sum(scores) / len(scores) if scores else 0.0,
+        values = {"apo_best_validation_reward": float(best.validation_score or 0.0),
+                  "apo_beam_mean_validation_reward": sum(scores) / len(scores) if scores else 0.0,
                   "apo_rollouts": float(self.budget.rollouts), "apo_optimizer_tokens": float(self.budget.tokens),
                   "apo_optimizer_calls": float(self.budget.calls), "apo_candidates": float(len(self.candidates))}
         try:
