@@ -326,3 +326,17 @@ def test_check_says_what_would_run(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main([str(tmp_path / "apo.yaml"), "--check"]) == 0
     assert "apo over resources.system_prompt, 4 tasks, 2 validation tasks x 1, beam 2, 2 rounds" in \
         capsys.readouterr().out
+
+
+def test_a_run_that_fails_keeps_what_it_found(tmp_path: Path, optimizer: Callable[..., Optimizer],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    raw = raw_config(tmp_path, optimizer().url)
+    raw["workers"], raw["run"]["step_timeout_s"] = {"count": 0}, 1  # nobody runs the rollouts
+    (tmp_path / "apo.yaml").write_text(yaml.safe_dump(raw))
+    assert main([str(tmp_path / "apo.yaml"), "--quiet"]) == 1
+    assert "did not finish within run.step_timeout_s=1 s: are workers running?" in capsys.readouterr().err
+    record = json.loads((tmp_path / "out" / "apo.json").read_text())
+    assert record["budget"]["stop"] == "error" and "TimeoutError" in record["budget"]["stop_detail"]
+    assert (tmp_path / "out" / "best_prompt.txt").read_text() == INITIAL

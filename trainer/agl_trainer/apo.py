@@ -248,7 +248,8 @@ class Budget:
     calls: int = 0
     largest_call: int = 0
     stop: str | None = None
-    """``rounds``, ``rollouts``, ``optimizer_tokens``, ``no_failures`` or ``no_edits`` once stopped."""
+    """``rounds``, ``rollouts``, ``optimizer_tokens``, ``no_failures`` or ``no_edits`` once stopped (``error``: the
+    run failed, the detail says how)."""
     detail: str = ""
 
     def take_rollouts(self, n: int, what: str) -> bool:
@@ -359,33 +360,42 @@ def run_apo(config: Config, *, progress: bool = True) -> ApoOutcome:
     client = TaskClient(url, token, timeout=config.run.step_timeout_s)
     store = HttpStore(url, token, timeout=config.run.step_timeout_s)
     search = _Search(config, client, store, tasks, held_out, progress=progress)
+    files = {"apo": os.path.join(folder, "apo.json"), "best prompt": os.path.join(folder, "best_prompt.txt"),
+             "summary": os.path.join(folder, "summary.json")}
+    if local is not None:
+        files["store"] = config.path(config.server.db)
     try:
         search.run()
+    except BaseException as exc:  # what was found so far is written all the same, and says why the run ended
+        search.budget.stopped("error", f"{type(exc).__name__}: {exc}")
+        raise
     finally:
         workers.stop()
         client.close()
         store.close()
         if local is not None:
             local.stop()
+        if search.candidates:
+            _write(config, search, files, url, time.monotonic() - started)
+    return ApoOutcome(best=search.best(), candidates=search.candidates, rounds=search.rounds, budget=search.budget,
+                      folder=folder, server_url=url, wall_s=time.monotonic() - started, files=files)
+
+
+def _write(config: Config, search: _Search, files: dict[str, str], url: str, wall_s: float) -> None:
+    """``apo.json``, ``best_prompt.txt`` and ``summary.json`` of the search so far."""
+    assert config.apo is not None
     best = search.best()
-    files = {"apo": os.path.join(folder, "apo.json"), "best prompt": os.path.join(folder, "best_prompt.txt"),
-             "summary": os.path.join(folder, "summary.json")}
-    if local is not None:
-        files["store"] = config.path(config.server.db)
-    outcome = ApoOutcome(best=best, candidates=search.candidates, rounds=search.rounds, budget=search.budget,
-                         folder=folder, server_url=url, wall_s=time.monotonic() - started, files=files)
     record = {"run": search.run_id, "resource": config.apo.resource, "budget": search.budget.to_dict(),
               "best": asdict(best), "rounds": search.rounds, "candidates": [asdict(c) for c in search.candidates],
-              "optimizer_calls": [asdict(c) for c in search.calls], "server": url, "wall_s": outcome.wall_s}
+              "optimizer_calls": [asdict(c) for c in search.calls], "server": url, "wall_s": wall_s}
     with open(files["apo"], "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, ensure_ascii=False)
     with open(files["best prompt"], "w", encoding="utf-8") as f:
         f.write(best.prompt)
     with open(files["summary"], "w", encoding="utf-8") as f:
-        json.dump({"config": config.model_dump(mode="json"), "algorithm": "apo", "wall_s": outcome.wall_s,
+        json.dump({"config": config.model_dump(mode="json"), "algorithm": "apo", "wall_s": wall_s,
                    "server": url, "best_version": best.version, "best_validation_score": best.validation_score,
                    "budget": search.budget.to_dict()}, f, indent=1, ensure_ascii=False)
-    return outcome
 
 
 class _Search:
