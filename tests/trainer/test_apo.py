@@ -340,3 +340,14 @@ def test_a_run_that_fails_keeps_what_it_found(tmp_path: Path, optimizer: Callabl
     record = json.loads((tmp_path / "out" / "apo.json").read_text())
     assert record["budget"]["stop"] == "error" and "TimeoutError" in record["budget"]["stop_detail"]
     assert (tmp_path / "out" / "best_prompt.txt").read_text() == INITIAL
+
+
+def test_an_edit_that_drops_a_template_placeholder_is_refused(tmp_path: Path, model: FakeOpenAI,
+                                                              optimizer: Callable[..., Optimizer]) -> None:
+    opt = optimizer()
+    raw = raw_config(tmp_path, opt.url, rounds=1)
+    raw["resources"]["system_prompt"] = "Greet the user {name}."  # the scripted edits have no {name}
+    outcome = run_apo(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert outcome.budget.stop == "no_edits" and [c.version for c in outcome.candidates] == [1]
+    assert outcome.rounds[0]["errors"] == ["an edit of v1 dropped the placeholders {name} and is not tried"] * 2
+    assert "keep every {placeholder}" in opt.bodies[1]["messages"][-1]["content"]

@@ -11,7 +11,8 @@ that the agent reads with ``agl.resources()``. Each round reads as its stages:
    the candidate and its failing rollouts (reward below ``apo.success_reward``: the task, the
    model calls' messages, the reward) and writes what in the prompt made them fail, the
    "textual gradient";
-3. **edit**: it writes ``apo.edits_per_candidate`` edited prompts from the critique;
+3. **edit**: it writes ``apo.edits_per_candidate`` edited prompts from the critique (an edit that drops a
+   ``{name}`` placeholder of the initial prompt, a template the agent formats, is refused and reported);
 4. **score**: each edit, published as its own version, runs the whole validation split
    (``validation.path``, ``validation.repeat`` rollouts a task); its score is the mean final
    reward (a rollout without one scores 0);
@@ -40,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -59,6 +61,7 @@ logger = logging.getLogger("agl.trainer")
 
 _RETRIED_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 _CLIP = 1500  # characters of one message shown to the optimiser
+_PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_]\w*)\}(?!\})")  # str.format's {name}, not {{escaped}}
 
 
 def check_apo_config(config: Config) -> None:
@@ -424,6 +427,8 @@ class _Search:
         self.calls: list[OptimizerCall] = []
         self.beam: list[Candidate] = []
         self._next_task = 0
+        self._placeholders = set(_PLACEHOLDER.findall(str(config.resources[apo.resource])))
+        """``{name}`` fields of the initial prompt (a template the agent formats): every edit keeps them."""
         self._started = time.monotonic()
 
     # ------------------------------------------------------------------ the loop
@@ -474,6 +479,11 @@ class _Search:
                 text = _prompt_of(reply)
                 if not text:
                     errors.append(f"an edit of v{parent.version} came back empty")
+                    continue
+                lost = self._placeholders - set(_PLACEHOLDER.findall(text))
+                if lost:  # the agent formats the template with these: an edit without them would break it
+                    errors.append(f"an edit of v{parent.version} dropped the placeholders "
+                                  f"{', '.join('{' + p + '}' for p in sorted(lost))} and is not tried")
                     continue
                 known = next((c for c in self.candidates if c.prompt == text), None)
                 if known is not None:  # the optimiser wrote a prompt tried before: scored once
@@ -701,7 +711,8 @@ def _critique_messages(resource: str, prompt: str, failures: list[dict[str, Any]
 def _edit_messages(resource: str, prompt: str, critique: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": f"You edit the {resource} of an AI agent so that it fails less."},
             {"role": "user", "content": f"The agent's {resource}:\n<prompt>\n{prompt}\n</prompt>\n\nCritique of it:\n"
-             f"{critique}\n\nWrite the improved {resource}, whole, between <prompt> and </prompt>."}]
+             f"{critique}\n\nWrite the improved {resource}, whole, between <prompt> and </prompt>; keep every "
+             "{placeholder} in braces as it is."}]
 
 
 def _prompt_of(reply: str) -> str:
