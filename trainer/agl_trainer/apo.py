@@ -517,7 +517,7 @@ class _Search:
             self.budget.stopped("no_failures", f"round {round_}: no rollout of the beam scored below "
                                                f"apo.success_reward={self.apo.success_reward:g}: nothing to critique")
         elif self.budget.stop is None and not edits:
-            self.budget.stopped("no_edits", f"round {round_}: the optimiser gave no edit back"
+            self.budget.stopped("no_edits", f"round {round_}: no edit to try came back"
                                 + (f" ({errors[-1]})" if errors else ""))
 
     def best(self) -> Candidate:

@@ -174,6 +174,9 @@ class BackendConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
+    name: Literal["grpo", "apo"] = "grpo"
+    """grpo: LightningRL on the model's weights; apo: beam search over a prompt resource (``apo`` section,
+    docs/apo.md), no weights trained."""
     clip_epsilon: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
     clip_epsilon_high: Annotated[Float, Field(gt=0.0)] | None = None
     """The ratio's upper clip (DAPO's clip-higher); None: ``clip_epsilon``."""
@@ -189,9 +192,6 @@ class AlgorithmConfig(_Section):
     temperature: Annotated[Float, Field(gt=0.0)] | None = 1.0
     """The temperature the policy samples at: the gateway enforces it (with no top_p/top_k cut) and the trainer
     computes its logprobs at it, so the recorded logprobs and the trained ones are of one distribution."""
-    name: Literal["grpo", "apo"] = "grpo"
-    """grpo: LightningRL on the model's weights; apo: beam search over a prompt resource (``apo`` section,
-    docs/apo.md), no weights trained."""
 
 
 class CreditConfig(_Section):
