@@ -18,3 +18,14 @@ def agent(task: dict[str, Any], resources: Any) -> float:
     reply = client.chat.completions.create(model="agent-model", messages=[
         {"role": "system", "content": resources["system_prompt"]}, {"role": "user", "content": task["q"]}])
     return 1.0 if reply.choices[0].message.content == "bonjour" else 0.0
+
+
+@agl.rollout_fn
+def raising(task: dict[str, Any]) -> float:
+    """As :func:`agent`, through ``agl.resources()``, but a wrong answer raises instead of scoring 0."""
+    client = openai.OpenAI(base_url=os.environ["APO_TEST_MODEL_URL"], api_key="x", max_retries=0)
+    reply = client.chat.completions.create(model="agent-model", messages=[
+        {"role": "system", "content": agl.resources()["system_prompt"]}, {"role": "user", "content": task["q"]}])
+    if reply.choices[0].message.content != "bonjour":
+        raise ValueError(f"expected French, got {reply.choices[0].message.content!r}")
+    return 1.0

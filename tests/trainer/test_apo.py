@@ -351,3 +351,27 @@ def test_an_edit_that_drops_a_template_placeholder_is_refused(tmp_path: Path, mo
     assert outcome.budget.stop == "no_edits" and [c.version for c in outcome.candidates] == [1]
     assert outcome.rounds[0]["errors"] == ["an edit of v1 dropped the placeholders {name} and is not tried"] * 2
     assert "keep every {placeholder}" in opt.bodies[1]["messages"][-1]["content"]
+
+
+def test_rollouts_whose_agent_raised_score_zero_and_the_optimiser_reads_the_error(
+        tmp_path: Path, model: FakeOpenAI, optimizer: Callable[..., Optimizer]) -> None:
+    opt = optimizer()
+    raw = raw_config(tmp_path, opt.url, rounds=1)
+    raw["agent"] = "apo_test_agents:raising"
+    outcome = run_apo(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert [c.validation_score for c in outcome.candidates] == [0.0, 0.0, 1.0] and outcome.best.version == 3
+    asked = opt.bodies[0]["messages"][-1]["content"]
+    assert "reward None" in asked and "Error: ValueError: expected French, got 'hello'" in asked, asked
+
+
+def test_against_a_running_agl_serve(tmp_path: Path, model: FakeOpenAI, optimizer: Callable[..., Optimizer],
+                                     make_server: ServerFactory) -> None:
+    srv = make_server(model, db=tmp_path / "served.db")
+    opt = optimizer()
+    raw = raw_config(tmp_path, opt.url, rounds=1)
+    raw["server"] = {"url": srv.url}
+    outcome = run_apo(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert PLANTED in outcome.best.prompt.lower() and outcome.server_url == srv.url
+    assert httpx.get(srv.url + "/v1/resources").json()["version"] == outcome.best.version
+    assert len(srv.server.store.rollouts()) == outcome.budget.rollouts == 8
+    assert not (tmp_path / "agl.db").exists()  # no server of its own
