@@ -33,6 +33,8 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       path: val.jsonl
       every: 10
       sampling: {temperature: 0.0}   # the gateway samples validation calls so (greedy by default)
+    resources: {system_prompt: "You are ..."}   # what the agent reads (agl.resources()); apo's first prompt
+    apo: {optimizer: {base_url: ..., model: ...}, beam_width: 2, rounds: 3}   # algorithm.name: apo (docs/apo.md)
 
 Relative paths (``data.path``, ``validation.path``, ``backend.model``, ``server.db``, ``run.dir``, ...) are
 taken from the config file's folder. ``--set a.b=c`` overrides one key (the value is
