@@ -14,7 +14,8 @@ leased task, in the worker's directory, with its own rollout. What it is given:
 What it gives back: the **last line of its stdout that is JSON** is its result: a number (the final
 reward), or an object ``{"reward": number | null}``. Exit status 0 is a succeeded rollout; any other
 status is a failed one (the agent's own failure, stored and counted as a try), except 75
-(``EX_TEMPFAIL``): the infrastructure failed, so the attempt is given back without a result. A command
+(``EX_TEMPFAIL``): the infrastructure failed, so the attempt is given back without a result (a
+counted try; its opened rollout is stored ``cancelled`` with the reason). A command
 that prints no JSON line ends a rollout with no reward, which the worker says.
 
 Before the command starts, the rollout is opened on the server (``POST /v1/rollouts`` with ``status:
@@ -131,8 +132,11 @@ class CommandAgent:
         if done.stderr:
             logger.info("agl worker: task %s: the command's stderr:\n%s", run.rollout.task_id, _tail(done.stderr))
         if done.returncode == TEMPFAIL:
-            raise _CommandUnavailable(f"--command {self.command!r} exited {TEMPFAIL} (infrastructure): "
-                                      f"{_tail(done.stderr)}")
+            why = f"--command {self.command!r} exited {TEMPFAIL} (infrastructure): {_tail(done.stderr)}"
+            # the worker gives the attempt back without a result: the opened rollout says so instead of running on
+            self.client.request("POST", "/v1/rollouts", {**opened.to_dict(), "status": "cancelled", "error": why,
+                                                          "end_time": time.time()})
+            raise _CommandUnavailable(why)
         if done.returncode != 0:
             raise CommandFailed(f"--command {self.command!r} exited with status {done.returncode}: "
                                 f"{_tail(done.stderr or done.stdout)}")
