@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import secrets
+import sqlite3
 import time
 from typing import Any
 
 import httpx
 import openai
+import pytest
 
 import agl_core as agl
 from agl_core import collector, semconv
@@ -207,3 +209,37 @@ def test_a_call_without_traceparent_merges_with_the_span_that_gave_the_same_answ
     (t,) = srv.server.store.transitions(rollout_id=rid)
     assert t.agent_name == "writer" and t.span_id == "a" * 16 and t.token_source == "gateway"
     assert (t.prompt_token_ids, t.response_token_ids) == _expected_ids(messages, "the same words")
+
+
+def test_calls_answered_before_a_restart_still_join_their_rollout(fake: FakeOpenAI, make_server: ServerFactory,
+                                                                  tmp_path: Any) -> None:
+    db = tmp_path / "restart.db"
+    srv = make_server(fake, db=db)
+    _open(srv.url, "across")
+    messages = [{"role": "user", "content": "before the restart"}]
+    assert httpx.post(f"{srv.url}/rollouts/across/v1/chat/completions",
+                      json={"model": "m", "messages": messages}).status_code == 200
+    srv.stop()
+    again = make_server(fake, db=db)
+    assert httpx.post(f"{again.url}/rollouts/across/v1/chat/completions",
+                      json={"model": "m", "messages": [{"role": "user", "content": "after it"}]}).status_code == 200
+    assert _finish(again.url, "across", 1.0)["token_sources"] == {"gateway": 2}
+    first, second = again.server.store.transitions(rollout_id="across")
+    assert (first.prompt_token_ids, first.response_token_ids) == _expected_ids(messages, "before the restart")
+    assert second.response_token_ids == tokenize("after it")
+    left = sqlite3.connect(db).execute("SELECT count(*) FROM trainer_rollout_calls").fetchone()
+    assert left == (0,)  # dropped once stored with their rollout
+
+
+def test_memory_of_open_rollouts_is_bounded_and_the_file_keeps_what_leaves_it(
+        fake: FakeOpenAI, make_server: ServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    srv = make_server(fake)
+    calls = srv.server.rollout_calls
+    calls.max_bytes = 1  # every call pushes the older rollouts' calls out of memory
+    for rid in ("m1", "m2", "m3"):
+        _open(srv.url, rid)
+        httpx.post(f"{srv.url}/rollouts/{rid}/v1/chat/completions",
+                   json={"model": "m", "messages": [{"role": "user", "content": f"call of {rid}"}]})
+    assert calls.evicted == 2 and "leave memory" in caplog.text
+    for rid in ("m1", "m2", "m3"):
+        assert _finish(srv.url, rid, 1.0)["token_sources"] == {"gateway": 1}

@@ -27,8 +27,8 @@ A reward posted in ``rewards`` with no span of its own (``span_id`` null: an age
 POSTs its result) becomes a reward span, so the builder sees it: the final reward (no ``name``)
 as such, an intermediate one at its ``time_ns`` (on the call before it; without one, on the last call).
 
-The calls are held in memory until their rollout is stored, then dropped; a rollout never finished
-drops them after ``ttl_s``. They do not survive a restart of the server.
+The calls are held in memory (and written to the server's SQLite file, so they survive a restart)
+until their rollout is stored, then dropped; a rollout never finished drops them after ``ttl_s``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 import secrets
+import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -59,6 +61,8 @@ from agl_trainer.api import ApiError
 from agl_trainer.token_records import MODEL_VERSION_ATTRIBUTE, TokenRecord
 
 __all__ = ["ROLLOUT_HEADER", "CallCapture", "RolloutCalls", "check_rollout_id", "gateway_spans"]
+
+logger = logging.getLogger("agl.trainer")
 
 ROLLOUT_HEADER = "x-agl-rollout-id"
 """The header that scopes a call to ``/v1/chat/completions`` to a rollout, as the URL ``/rollouts/{id}/v1`` does."""
@@ -204,6 +208,14 @@ class CallCapture:
                     rollout_id=self.rollout_id)
 
 
+def _size(span: Span) -> int:
+    """About what a call's span holds in memory: its message JSON, token ids and logprobs, and overhead."""
+    a = span.attributes
+    return (600 + len(a.get(semconv.GEN_AI_INPUT_MESSAGES, "")) + len(a.get(semconv.GEN_AI_OUTPUT_MESSAGES, ""))
+            + len(a.get(semconv.GEN_AI_TOOL_DEFINITIONS, "")) + 36 * len(a.get(semconv.AGL_PROMPT_TOKEN_IDS, ()))
+            + 68 * len(a.get(semconv.AGL_RESPONSE_TOKEN_IDS, ())))
+
+
 def _trace_of(rollout_id: str) -> str:
     """The trace id of a rollout's untraced calls: the rollout id when it is one (OTLP's), else a hash of it."""
     if re.fullmatch(r"[0-9a-f]{32}", rollout_id) and rollout_id != "0" * 32:
@@ -211,17 +223,50 @@ def _trace_of(rollout_id: str) -> str:
     return hashlib.sha256(rollout_id.encode()).hexdigest()[:32]
 
 
-class RolloutCalls:
-    """The gateway's spans of scoped calls, per rollout, until the rollout is stored (see the module docstring)."""
+_SCHEMA = """CREATE TABLE IF NOT EXISTS trainer_rollout_calls (
+    rollout_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    created REAL NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (rollout_id, span_id)
+)"""
 
-    def __init__(self, store: SqliteStore, *, ttl_s: float = 6 * 3600.0, max_rollouts: int = 100_000) -> None:
+
+class RolloutCalls:
+    """The gateway's spans of scoped calls, per rollout, until the rollout is stored (see the module docstring).
+
+    With ``path`` (the server's SQLite file) a background thread writes new calls there every
+    ``flush_interval_s``, as :class:`~agl_trainer.token_records.TokenRecords` does, so a call answered
+    before a restart still joins its rollout after it. Memory is bounded by ``max_bytes`` (about what the
+    spans' attributes hold): past it the oldest rollouts' calls leave memory, with one warning, and stay
+    in the file.
+    """
+
+    def __init__(self, store: SqliteStore, path: str | None = None, *, ttl_s: float = 6 * 3600.0,
+                 max_rollouts: int = 100_000, max_bytes: int = 256 * 1024 * 1024,
+                 flush_interval_s: float = 0.25) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.max_rollouts = max_rollouts
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._calls: OrderedDict[str, list[Span]] = OrderedDict()
+        self._bytes = 0
         self._open: OrderedDict[str, float] = OrderedDict()  # rollout ids found running: no store read per call
+        self._pending: list[Span] = []
         self.captured = 0
+        self.evicted = 0
+        self._conn: sqlite3.Connection | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._db_lock = threading.Lock()
+        if path is not None:
+            self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            self._conn.execute("PRAGMA busy_timeout = 30000")
+            self._conn.execute(_SCHEMA)
+            self._flush_interval = flush_interval_s
+            self._thread = threading.Thread(target=self._flusher, name="agl-rollout-calls", daemon=True)
+            self._thread.start()
 
     # ------------------------------------------------------------------ the gateway's side
 
@@ -263,25 +308,47 @@ class RolloutCalls:
                 self._open.popitem(last=False)
 
     def add(self, rollout_id: str, span: Span) -> None:
+        evicted = 0
         with self._lock:
             self._calls.setdefault(rollout_id, []).append(span)
             self._calls.move_to_end(rollout_id)
+            self._bytes += _size(span)
             self.captured += 1
-            self._sweep_locked()
-
-    def _sweep_locked(self) -> None:
-        cutoff = time.time_ns() - int(self.ttl_s * 1e9)
-        while self._calls:
-            rollout_id, spans = next(iter(self._calls.items()))
-            if len(self._calls) <= self.max_rollouts and spans[-1].end_ns >= cutoff:
-                break
-            del self._calls[rollout_id]
+            if self._conn is not None:
+                self._pending.append(span)  # encoded by the flusher, off the gateway's path
+            cutoff = time.time_ns() - int(self.ttl_s * 1e9)
+            while len(self._calls) > 1:
+                oldest, spans = next(iter(self._calls.items()))
+                over = len(self._calls) > self.max_rollouts or self._bytes > self.max_bytes
+                if not over and spans[-1].end_ns >= cutoff:
+                    break
+                del self._calls[oldest]
+                self._bytes -= sum(_size(s) for s in spans)
+                evicted += over
+            first = evicted and self.evicted == 0
+            self.evicted += evicted
+        if first:
+            where = "they stay in the server's file and still join their rollouts" if self._conn is not None else \
+                "without a file their calls are lost"
+            logger.warning("agl gateway: the calls of open rollouts hold more than %d MiB of memory; the oldest "
+                           "rollouts' calls leave memory (%s); finish rollouts with POST /v1/rollouts",
+                           self.max_bytes // (1024 * 1024), where)
 
     # ------------------------------------------------------------------ the rollout's side
 
     def pending(self, rollout_id: str) -> list[Span]:
+        """The calls of ``rollout_id`` not yet stored with it, in the order they were answered."""
         with self._lock:
-            return list(self._calls.get(rollout_id, ()))
+            found = list(self._calls.get(rollout_id, ()))
+        if self._conn is None:
+            return found
+        self.flush()
+        with self._db_lock:
+            rows = self._conn.execute("SELECT data FROM trainer_rollout_calls WHERE rollout_id = ?",
+                                      (rollout_id,)).fetchall()
+        have = {s.span_id for s in found}
+        found += [span for span in (Span.from_json(row[0]) for row in rows) if span.span_id not in have]
+        return sorted(found, key=lambda s: (s.start_ns, s.end_ns))
 
     def spans_of(self, rollout: Rollout) -> list[Span]:
         """The rollout's posted spans with its gateway calls (each under its client's span) and reward spans."""
@@ -290,9 +357,50 @@ class RolloutCalls:
     def stored(self, rollout: Rollout) -> None:
         """``rollout`` was stored with its calls: drop them; a finished rollout takes no more."""
         with self._lock:
-            self._calls.pop(rollout.id, None)
+            spans = self._calls.pop(rollout.id, None)
+            if spans:
+                self._bytes -= sum(_size(s) for s in spans)
             if rollout.status in _FINISHED:
                 self._open.pop(rollout.id, None)
+        if self._conn is not None:
+            self.flush()
+            with self._db_lock:
+                self._conn.execute("DELETE FROM trainer_rollout_calls WHERE rollout_id = ?", (rollout.id,))
+
+    def flush(self) -> None:
+        """Write every call not yet in the file."""
+        if self._conn is None:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if not pending:
+            return
+        rows = [(s.rollout_id, s.span_id, s.end_ns / 1e9, s.to_json()) for s in pending]
+        with self._db_lock:
+            self._conn.executemany("INSERT OR REPLACE INTO trainer_rollout_calls (rollout_id, span_id, created, data)"
+                                   " VALUES (?, ?, ?, ?)", rows)
+
+    def _flusher(self) -> None:
+        last_sweep = time.monotonic()
+        while not self._stop.wait(self._flush_interval):
+            try:
+                self.flush()
+                if time.monotonic() - last_sweep > 60 and self._conn is not None:
+                    last_sweep = time.monotonic()
+                    with self._db_lock:
+                        self._conn.execute("DELETE FROM trainer_rollout_calls WHERE created < ?",
+                                           (time.time() - self.ttl_s,))
+            except sqlite3.Error as exc:  # the calls stay in memory; only a restart could lose them
+                logger.warning("agl gateway: could not persist the calls of open rollouts: %s", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._conn is not None:
+            self.flush()
+            self._conn.close()
+            self._conn = None
 
     # ------------------------------------------------------------------ routes
 

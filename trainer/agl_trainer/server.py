@@ -260,7 +260,7 @@ class TrainerServer:
         self.backend = backend
         self.gateway = Gateway(backend, self.records, config.gateway, model_version=lambda: self.model.version,
                                max_body_bytes=config.max_body_bytes)
-        self.rollout_calls = RolloutCalls(self.store)  # gateway-only capture: /rollouts/{id}/v1
+        self.rollout_calls = RolloutCalls(self.store, None if memory else config.db_path)  # /rollouts/{id}/v1
         self.gateway.capture = self.rollout_calls.capture
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue_event: asyncio.Event | None = None
@@ -332,12 +332,14 @@ class TrainerServer:
                 await sweeper
             self.queue.on_change = None
             await run_in_threadpool(self.records.flush)  # a signal may end the process right after this
+            await run_in_threadpool(self.rollout_calls.flush)
             await self.backend.aclose()
             await self.gateway.aclose()
 
     def close(self) -> None:
         """Release the store, queue and records (the app must have stopped)."""
         self.records.close()
+        self.rollout_calls.close()
         self.queue.close()
         self.model.close()
         self._metrics.close()
