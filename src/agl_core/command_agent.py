@@ -6,7 +6,8 @@ leased task, in the worker's directory, with its own rollout. What it is given:
 - ``OPENAI_BASE_URL``: the rollout-scoped gateway ``{server}/rollouts/{rollout_id}/v1``, which every
   OpenAI client reads, so its calls are that rollout's transitions with no change to the agent and
   no tracing (:mod:`agl_trainer.rollout_calls` on the server); ``OPENAI_API_KEY``: the server's token
-  (or ``agl-no-token``).
+  (or ``agl-no-token``). Both are also in ``AGL_BASE_URL`` and ``AGL_API_KEY``, and with
+  ``--no-gateway-env`` only there: the command's ``OPENAI_*`` then stay for its other models (a frozen judge).
 - The task: as one line of JSON on **stdin** (then end of file), and in ``AGL_TASK`` (the same JSON).
 - ``AGL_SERVER``, ``AGL_ROLLOUT_ID``, ``AGL_TASK_ID``, ``AGL_ATTEMPT``, and ``AGL_RESOURCES`` (the
   served resources as a JSON object, which ``agl.resources()`` also reads) when the server serves some.
@@ -88,7 +89,7 @@ class CommandAgent:
     builder = None
 
     def __init__(self, command: str, server: str, token: str | None = None, *,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, set_openai_env: bool = True) -> None:
         self.argv = shlex.split(command)
         if not self.argv:
             raise ValueError("--command is empty: give the agent's command line, e.g. --command 'node agent.js'")
@@ -96,6 +97,7 @@ class CommandAgent:
         self.client = ServerClient(server, token)
         self.token = token
         self.timeout_s = timeout_s
+        self.set_openai_env = set_openai_env
         self.last_run: RolloutRun | None = None
         self.__name__ = self.__qualname__ = f"command {command!r}"
 
@@ -115,11 +117,13 @@ class CommandAgent:
                          start_time=time.time(), resources_version=run.rollout.resources_version)
         self.client.request("POST", "/v1/rollouts", opened.to_dict())  # status running: the scoped URL opens
         task_json = json.dumps(task, ensure_ascii=False)
+        scoped, key = f"{self.client.url}/rollouts/{run.id}/v1", self.token or "agl-no-token"
         env = dict(os.environ)
-        env.update({"OPENAI_BASE_URL": f"{self.client.url}/rollouts/{run.id}/v1",
-                    "OPENAI_API_KEY": self.token or "agl-no-token", "AGL_SERVER": self.client.url,
+        env.update({"AGL_BASE_URL": scoped, "AGL_API_KEY": key, "AGL_SERVER": self.client.url,
                     "AGL_ROLLOUT_ID": run.id, "AGL_TASK_ID": run.rollout.task_id,
                     "AGL_ATTEMPT": str(run.rollout.attempt), "AGL_TASK": task_json})
+        if self.set_openai_env:
+            env.update({"OPENAI_BASE_URL": scoped, "OPENAI_API_KEY": key})
         if run.resources:
             env["AGL_RESOURCES"] = json.dumps(dict(run.resources), ensure_ascii=False)
         try:

@@ -346,9 +346,9 @@ class Worker:
         self._token = token
         self._policy: Policy | None = None
         self._frozen_said: set[str] = set()
-        if set_openai_env:
+        if set_openai_env and command is None:  # a command's subprocess gets its own, scoped to its rollout
             point_openai_at(self.url, token)
-        if instrument:
+        if instrument and command is None:
             from agl_core.instrumentation import instrument as instrument_all
 
             instrument_all()
@@ -358,7 +358,7 @@ class Worker:
         if command is not None:
             from agl_core.command_agent import CommandAgent
 
-            agent = CommandAgent(command, self.url, token, timeout_s=command_timeout_s)
+            agent = CommandAgent(command, self.url, token, timeout_s=command_timeout_s, set_openai_env=set_openai_env)
         assert agent is not None
         fn = load_agent(agent) if isinstance(agent, str) else agent
         if not hasattr(fn, "last_run"):  # not an @agl.rollout_fn yet

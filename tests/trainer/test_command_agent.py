@@ -97,6 +97,7 @@ import json, os, sys
 task = json.loads(sys.stdin.readline())
 assert json.loads(os.environ["AGL_TASK"]) == task
 assert os.environ["OPENAI_BASE_URL"].endswith("/rollouts/" + os.environ["AGL_ROLLOUT_ID"] + "/v1")
+assert os.environ["AGL_BASE_URL"] == os.environ["OPENAI_BASE_URL"]
 print("some log line")
 if task["do"] == "fail":
     print("it broke", file=sys.stderr)
