@@ -243,3 +243,30 @@ def test_memory_of_open_rollouts_is_bounded_and_the_file_keeps_what_leaves_it(
     assert calls.evicted == 2 and "leave memory" in caplog.text
     for rid in ("m1", "m2", "m3"):
         assert _finish(srv.url, rid, 1.0)["token_sources"] == {"gateway": 1}
+
+
+def test_the_torch_engine_behind_the_scoped_url_gives_the_models_own_ids_and_logprobs(
+        make_server: ServerFactory) -> None:
+    from agl_trainer.engine import TorchEngine
+
+    from .test_engine import expected_logprobs, tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    engine = TorchEngine(tiny_model(len(tokenizer)), tokenizer, name="tiny", seed=0, default_max_tokens=6)
+    srv = make_server(engine)
+    _open(srv.url, "torch-1")
+    messages = [{"role": "user", "content": "hi"}]
+    base = f"{srv.url}/rollouts/torch-1/v1"
+    plain = httpx.post(base + "/chat/completions", json={"model": "x", "messages": messages, "temperature": 0},
+                       timeout=60).json()["choices"][0]["message"]["content"]
+    chunks = _sse(base + "/chat/completions", {"model": "x", "messages": messages, "seed": 1})
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert _finish(srv.url, "torch-1", 1.0)["token_sources"] == {"gateway": 2}
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if not isinstance(prompt, list) else prompt)
+    first, second = srv.server.store.transitions(rollout_id="torch-1")
+    for t, text in ((first, plain), (second, streamed)):
+        assert t.model == "tiny" and t.prompt_token_ids == prompt
+        assert tokenizer.decode(t.response_token_ids, skip_special_tokens=True) == text
+        assert t.response_logprobs == pytest.approx(expected_logprobs(engine.model, prompt, t.response_token_ids),
+                                                    abs=1e-4)
