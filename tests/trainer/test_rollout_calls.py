@@ -270,3 +270,25 @@ def test_the_torch_engine_behind_the_scoped_url_gives_the_models_own_ids_and_log
         assert tokenizer.decode(t.response_token_ids, skip_special_tokens=True) == text
         assert t.response_logprobs == pytest.approx(expected_logprobs(engine.model, prompt, t.response_token_ids),
                                                     abs=1e-4)
+
+
+def test_posted_rewards_without_spans_become_the_final_and_intermediate_rewards(
+        fake: FakeOpenAI, make_server: ServerFactory) -> None:
+    srv = make_server(fake)
+    _open(srv.url, "rewarded")
+    base = f"{srv.url}/rollouts/rewarded/v1/chat/completions"
+    httpx.post(base, json={"messages": [{"role": "user", "content": "one"}]})
+    between = time.time_ns()
+    httpx.post(base, json={"messages": [{"role": "user", "content": "two"}]})
+    finished = {"id": "rewarded", "task_id": "t1", "status": "succeeded",
+                "rewards": [{"value": -0.5, "name": "bad_tool", "time_ns": between}, {"value": 2.0}]}
+    r = httpx.post(srv.url + "/v1/rollouts", json=finished)
+    assert r.status_code == 201, r.text
+    (traj,) = srv.server.store.trajectories(rollout_ids=["rewarded"])
+    assert traj.reward == 2.0
+    assert [t.reward for t in traj.transitions] == [-0.5, None]  # the named reward is on the call before it
+    # posted again (a retry): the reward spans are not doubled
+    again = httpx.post(srv.url + "/v1/rollouts", json=finished)
+    assert again.status_code == 201, again.text
+    (traj,) = srv.server.store.trajectories(rollout_ids=["rewarded"])
+    assert [t.reward for t in traj.transitions] == [-0.5, None] and traj.reward == 2.0
