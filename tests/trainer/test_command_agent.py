@@ -54,13 +54,14 @@ def _geo_model(body: dict[str, Any]) -> Any:
 def test_a_node_agent_on_the_openai_package_run_by_agl_worker_command_has_exact_gateway_ids(
         node_openai: Path, make_server: ServerFactory, subprocess_env: dict[str, str]) -> None:
     with FakeOpenAI(script=_geo_model) as fake:
-        srv = make_server(fake)
-        tasks = TaskClient(srv.url)
+        srv = make_server(fake, token="tok")  # the agent's OPENAI_API_KEY carries it to the scoped URL
+        tasks = TaskClient(srv.url, "tok")
         tasks.enqueue([{"city": "Paris", "country": "France"}, {"city": "Rome", "country": "Italy"}],
                       task_ids=["paris", "rome"])
         env = {**subprocess_env, "NODE_PATH": str(node_openai)}
-        done = subprocess.run([PYTHON, "-m", "agl_core.cli", "worker", "--server", srv.url, "--command",
-                               f"node {GEO_AGENT}", "--max-tasks", "2", "--idle-exit", "2", "--poll", "0.2"],
+        done = subprocess.run([PYTHON, "-m", "agl_core.cli", "worker", "--server", srv.url, "--token", "tok",
+                               "--command", f"node {GEO_AGENT}", "--max-tasks", "2", "--idle-exit", "2",
+                               "--poll", "0.2"],
                               env=env, capture_output=True, text=True, timeout=180)
         assert done.returncode == 0, done.stdout + done.stderr
         sent = [r.body for r in fake.requests if r.path.endswith("/chat/completions")]

@@ -4,7 +4,7 @@
 plain and streamed, and ``GET .../models``), and so is the plain ``{server}/v1`` with the header
 ``X-Agl-Rollout-Id: {rollout_id}``. An agent that lets you set nothing but its base URL, in any
 language and with no tracing, then yields a rollout whose transitions are its calls in the order
-the gateway answered them, with the engine's exact token ids (``token_source="gateway"``) and the
+the gateway received them, with the engine's exact token ids (``token_source="gateway"``) and the
 tool calls as the model produced them: the gateway writes one LLM span per call (GenAI
 conventions, ``agl.plugin="gateway"``) from the request it relayed and the reply it sent back.
 
