@@ -292,3 +292,26 @@ def test_posted_rewards_without_spans_become_the_final_and_intermediate_rewards(
     assert again.status_code == 201, again.text
     (traj,) = srv.server.store.trajectories(rollout_ids=["rewarded"])
     assert [t.reward for t in traj.transitions] == [-0.5, None] and traj.reward == 2.0
+
+
+def test_a_call_the_gateway_could_not_keep_is_listed_as_skipped_not_lost(
+        fake: FakeOpenAI, make_server: ServerFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agl_trainer import rollout_calls
+
+    def broken(self: Any, record: Any) -> Span:
+        raise RuntimeError("unreadable reply")
+
+    srv = make_server(fake)
+    _open(srv.url, "broken")
+    monkeypatch.setattr(rollout_calls.CallCapture, "span", broken)
+    r = httpx.post(f"{srv.url}/rollouts/broken/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "still answered"}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still answered"
+    summary = _finish(srv.url, "broken", 1.0)
+    assert summary["transitions"] == 0
+    (skipped,) = summary["skipped"]
+    assert "the call failed (RuntimeError)" in skipped["reason"]
+    stored = srv.server.store.get_rollout("broken")
+    assert stored is not None
+    (span,) = [s for s in stored.spans if s.span_id == skipped["span_id"]]
+    assert span.status == "error" and "unreadable reply" in (span.status_message or "")

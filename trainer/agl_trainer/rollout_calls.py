@@ -164,7 +164,18 @@ class CallCapture:
 
     def done(self, record: TokenRecord | None) -> None:
         """The call was answered whole: it joins its rollout (nothing is kept of a call that did not finish)."""
-        self.calls.add(self.rollout_id, self.span(record))
+        try:
+            span = self.span(record)
+        except Exception as exc:  # noqa: BLE001 - the agent has its answer; its rollout lists the call as skipped
+            logger.exception("agl gateway: could not keep a call of rollout %s", self.rollout_id)
+            trace_id, parent = self.key if self.key is not None else (_trace_of(self.rollout_id), None)
+            span = Span(span_id=secrets.token_hex(8), trace_id=trace_id, parent_id=parent, name=semconv.OP_CHAT,
+                        start_ns=self.start_ns, end_ns=max(time.time_ns(), self.start_ns),
+                        attributes={semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.AGL_PLUGIN: PLUGIN,
+                                    semconv.AGL_ROLLOUT_ID: self.rollout_id, semconv.ERROR_TYPE: type(exc).__name__},
+                        status="error", status_message=f"the gateway could not read this call: {exc}",
+                        rollout_id=self.rollout_id)
+        self.calls.add(self.rollout_id, span)
 
     def span(self, record: TokenRecord | None) -> Span:
         body, reply = self.body, self.reply
