@@ -848,6 +848,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", help="the agent function, as pkg.module:function")
     p.add_argument("--command", help="or the agent as a command line run once per task, in any language "
                    "(see agl_core.command_agent), e.g. 'node agent.js'")
+    p.add_argument("--command-timeout", type=float, help="seconds one run of --command may take before it is killed")
     p.add_argument("-n", "--concurrency", type=int, default=1, help="rollouts at a time")
     p.add_argument("--token", default=os.environ.get("AGL_TOKEN"), help="the server's bearer token ($AGL_TOKEN)")
     p.add_argument("--worker-id", help="name for this worker in the server's records")
@@ -880,10 +881,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agl worker: done on Ray: {stats}", flush=True)
         return 0
     try:
-        worker = Worker(args.server, args.agent, command=args.command, token=args.token,
-                        concurrency=args.concurrency, worker_id=args.worker_id, lease_timeout=args.lease_timeout,
-                        grace_s=args.grace, max_tasks=args.max_tasks, idle_exit_s=args.idle_exit, poll_s=args.poll,
-                        set_openai_env=not args.no_gateway_env)
+        worker = Worker(args.server, args.agent, command=args.command, command_timeout_s=args.command_timeout,
+                        token=args.token, concurrency=args.concurrency, worker_id=args.worker_id,
+                        lease_timeout=args.lease_timeout, grace_s=args.grace, max_tasks=args.max_tasks,
+                        idle_exit_s=args.idle_exit, poll_s=args.poll, set_openai_env=not args.no_gateway_env)
     except ValueError as exc:
         print(f"agl worker: {exc}", file=sys.stderr)
         return 2
