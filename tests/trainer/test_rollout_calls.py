@@ -315,3 +315,18 @@ def test_a_call_the_gateway_could_not_keep_is_listed_as_skipped_not_lost(
     assert stored is not None
     (span,) = [s for s in stored.spans if s.span_id == skipped["span_id"]]
     assert span.status == "error" and "unreadable reply" in (span.status_message or "")
+
+
+def test_a_call_answered_while_its_rollout_is_being_stored_waits_for_the_next_post(
+        fake: FakeOpenAI, make_server: ServerFactory) -> None:
+    srv = make_server(fake)
+    _open(srv.url, "racing")
+    base = f"{srv.url}/rollouts/racing/v1/chat/completions"
+    httpx.post(base, json={"messages": [{"role": "user", "content": "first"}]})
+    calls = srv.server.rollout_calls
+    posted = Rollout(id="racing", task_id="t1")
+    posted.spans = calls.spans_of(posted)  # what a post takes, then a call comes before it is stored
+    httpx.post(base, json={"messages": [{"role": "user", "content": "second"}]})
+    calls.stored(posted)
+    (left,) = calls.pending("racing")
+    assert left.attributes[semconv.AGL_RESPONSE_TOKEN_IDS] == tokenize("second")

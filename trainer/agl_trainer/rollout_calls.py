@@ -366,17 +366,22 @@ class RolloutCalls:
         return gateway_spans(rollout, self.pending(rollout.id))
 
     def stored(self, rollout: Rollout) -> None:
-        """``rollout`` was stored with its calls: drop them; a finished rollout takes no more."""
+        """``rollout`` was stored with its calls: drop those (a call answered meanwhile waits for the next post);
+        a finished rollout takes no more."""
+        kept = {s.span_id for s in rollout.spans}
         with self._lock:
-            spans = self._calls.pop(rollout.id, None)
-            if spans:
-                self._bytes -= sum(_size(s) for s in spans)
+            spans = self._calls.pop(rollout.id, [])
+            later = [s for s in spans if s.span_id not in kept]
+            if later:
+                self._calls[rollout.id] = later
+            self._bytes -= sum(_size(s) for s in spans if s.span_id in kept)
             if rollout.status in _FINISHED:
                 self._open.pop(rollout.id, None)
         if self._conn is not None:
             self.flush()
             with self._db_lock:
-                self._conn.execute("DELETE FROM trainer_rollout_calls WHERE rollout_id = ?", (rollout.id,))
+                self._conn.execute("DELETE FROM trainer_rollout_calls WHERE rollout_id = ? AND span_id IN "
+                                   "(SELECT value FROM json_each(?))", (rollout.id, json.dumps(sorted(kept))))
 
     def flush(self) -> None:
         """Write every call not yet in the file."""
