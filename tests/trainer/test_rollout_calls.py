@@ -330,3 +330,26 @@ def test_a_call_answered_while_its_rollout_is_being_stored_waits_for_the_next_po
     calls.stored(posted)
     (left,) = calls.pending("racing")
     assert left.attributes[semconv.AGL_RESPONSE_TOKEN_IDS] == tokenize("second")
+
+
+def test_an_llm_span_that_arrives_after_its_call_was_stored_still_merges_with_it(
+        fake: FakeOpenAI, make_server: ServerFactory) -> None:
+    """The agent finished its rollout, then its exporter's last batch came: the late LLM span and the stored
+    gateway span of that call are one transition (identity from the span), not two."""
+    srv = make_server(fake)
+    rid = "late-1"
+    _open(srv.url, rid)
+    messages = [{"role": "user", "content": "late words"}]
+    httpx.post(f"{srv.url}/rollouts/{rid}/v1/chat/completions", json={"messages": messages})
+    assert _finish(srv.url, rid, 1.0)["transitions"] == 1
+    now = time.time_ns()
+    late = Span(span_id="c" * 16, trace_id="d" * 32, name="chat m", start_ns=now - 10**9, end_ns=now,
+                attributes={semconv.GEN_AI_OPERATION_NAME: "chat", semconv.GEN_AI_AGENT_NAME: "writer",
+                            semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps(
+                                [{"role": "assistant", "parts": [{"type": "text", "content": "late words"}]}])})
+    r = httpx.post(f"{srv.url}/v1/rollouts/{rid}/spans", json={"spans": [late.to_dict()]})
+    assert r.status_code == 200, r.text
+    assert r.json()["transitions"] == 1
+    (t,) = srv.server.store.transitions(rollout_id=rid)
+    assert t.agent_name == "writer" and t.token_source == "gateway" and t.span_id == "c" * 16
+    assert t.response_token_ids == tokenize("late words")

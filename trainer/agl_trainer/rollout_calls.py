@@ -60,7 +60,7 @@ from agl_core.transitions import is_llm_span
 from agl_trainer.api import ApiError
 from agl_trainer.token_records import MODEL_VERSION_ATTRIBUTE, TokenRecord
 
-__all__ = ["ROLLOUT_HEADER", "CallCapture", "RolloutCalls", "check_rollout_id", "gateway_spans"]
+__all__ = ["ROLLOUT_HEADER", "CallCapture", "RolloutCalls", "adopt_calls", "check_rollout_id", "gateway_spans"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -362,7 +362,10 @@ class RolloutCalls:
         return sorted(found, key=lambda s: (s.start_ns, s.end_ns))
 
     def spans_of(self, rollout: Rollout) -> list[Span]:
-        """The rollout's posted spans with its gateway calls (each under its client's span) and reward spans."""
+        """The rollout's posted spans with its gateway calls (each under its client's span) and reward spans.
+
+        Once merged with what is stored, :func:`adopt_calls` places the calls whose client span is not known.
+        """
         return gateway_spans(rollout, self.pending(rollout.id))
 
     def stored(self, rollout: Rollout) -> None:
@@ -435,26 +438,31 @@ class RolloutCalls:
 def gateway_spans(rollout: Rollout, calls: Sequence[Span]) -> list[Span]:
     """``rollout.spans`` with ``calls`` (the gateway's spans of its scoped calls) and its span-less rewards' spans.
 
-    A call already among the spans (a rollout posted again) is not added twice. One whose client sent
-    no traceparent, or whose client span was not posted, is put under the rollout's LLM span that
-    answered the same (text and tool calls), in order, when there is one.
+    A call already among the spans (a rollout posted again) is not added twice.
     """
     spans = list(rollout.spans)
     have = {s.span_id for s in spans}
-    new = [c for c in calls if c.span_id not in have]
-    if new:
-        spans += _adopted(new, spans)
+    spans += [c for c in calls if c.span_id not in have]
     spans += _reward_spans(rollout, have)
     return sorted(spans, key=lambda s: (s.start_ns, s.end_ns))
 
 
-def _adopted(calls: list[Span], spans: list[Span]) -> list[Span]:
-    """``calls`` with each orphan (no posted parent) placed under the posted LLM span that gave the same answer."""
+def adopt_calls(spans: Sequence[Span]) -> list[Span]:
+    """A rollout's whole span list with each orphan gateway span put under the LLM span that gave its answer.
+
+    An orphan is a gateway span whose parent is not among ``spans``: its client sent no traceparent
+    (spans exported by another SDK), or its client span came in another post. It goes under the
+    rollout's first LLM span, not the gateway's and without gateway ids or a gateway child yet, that
+    answered the same (text and tool calls); so the two are one transition, and an answer no other
+    span gave stays a transition of its own. Run on the merged list, so spans that arrive after
+    the calls (a late exporter batch) still find them.
+    """
     ids = {s.span_id for s in spans}
-    orphans = [c for c in calls if c.parent_id not in ids]
+    ours = [s for s in spans if s.attributes.get(semconv.AGL_PLUGIN) == PLUGIN and is_llm_span(s)]
+    orphans = [s for s in ours if s.parent_id not in ids]
     if not orphans:
-        return calls
-    parents = {c.parent_id for c in calls if c.parent_id in ids}
+        return list(spans)
+    parents = {s.parent_id for s in ours if s.parent_id in ids}
     candidates: dict[Any, list[Span]] = {}
     for span in sorted(spans, key=lambda s: s.start_ns):
         if is_llm_span(span) and span.span_id not in parents and \
@@ -463,14 +471,13 @@ def _adopted(calls: list[Span], spans: list[Span]) -> list[Span]:
             signature = _answer(span)
             if signature is not None:
                 candidates.setdefault(signature, []).append(span)
-    out = []
-    for call in calls:
-        match = candidates.get(_answer(call)) if call in orphans else None
+    moved: dict[str, Span] = {}
+    for call in sorted(orphans, key=lambda s: s.start_ns):
+        match = candidates.get(_answer(call))
         if match:
             parent = match.pop(0)
-            call = dataclasses.replace(call, trace_id=parent.trace_id, parent_id=parent.span_id)
-        out.append(call)
-    return out
+            moved[call.span_id] = dataclasses.replace(call, trace_id=parent.trace_id, parent_id=parent.span_id)
+    return [moved.get(s.span_id, s) for s in spans]
 
 
 def _answer(span: Span) -> Any:

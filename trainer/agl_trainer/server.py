@@ -84,7 +84,7 @@ from agl_trainer.openapi import openapi_json
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
 from agl_trainer.resources import ResourceVersions
-from agl_trainer.rollout_calls import RolloutCalls
+from agl_trainer.rollout_calls import RolloutCalls, adopt_calls
 from agl_trainer.token_records import MAX_MODEL_VERSION, MAX_VERSION_STEP, TokenRecords, keep_joined
 
 __all__ = ["MAX_MODEL_VERSION", "MAX_VERSION_STEP", "ServerConfig", "ServerThread", "TrainerServer", "check_bind",
@@ -670,6 +670,7 @@ class TrainerServer:
             stored = self.store.get_rollout(rollout.id)
             if stored is not None:
                 rollout.spans = _merged(rollout.spans, stored, keep_stored=stored.status in _FINISHED)
+            rollout.spans = adopt_calls(rollout.spans)  # a gateway call under the span that saw it: one transition
             if lease_id is None:
                 trajectory = self.builder.build(rollout)
                 self.store.put_rollout(rollout, trajectory)
@@ -705,7 +706,7 @@ class TrainerServer:
                 raise LookupError(rollout_id)
             joined, keys = self.records.join(spans)
             known = {s.span_id for s in stored.spans}
-            stored.spans = _merged(joined, stored, keep_stored=True)
+            stored.spans = adopt_calls(_merged(joined, stored, keep_stored=True))
             trajectory = self.builder.build(stored)
             self.store.put_rollout(stored, trajectory)
         self.records.forget(keys)
