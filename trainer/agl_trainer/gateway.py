@@ -1,7 +1,9 @@
 """The OpenAI-compatible gateway in front of the model being trained, recording exact token ids per call.
 
 Routes: ``POST /v1/chat/completions`` (plain and streamed), ``POST /v1/completions``
-(plain and streamed), ``GET /v1/models``. Behind it sits a :class:`Backend`: an
+(plain and streamed), ``GET /v1/models``; a call scoped to a rollout (``/rollouts/{id}/v1``, or
+the ``X-Agl-Rollout-Id`` header) is also handed to its :class:`CallWatch`
+(:mod:`agl_trainer.rollout_calls`). Behind it sits a :class:`Backend`: an
 OpenAI-compatible server that returns token ids the way vLLM does
 (:class:`OpenAIBackend`: ``vllm serve``, verl's async servers, agl's fake), or
 the built-in torch engine (:mod:`agl_trainer.engine`).
@@ -85,7 +87,7 @@ from agl_trainer.api import (
 from agl_trainer.token_records import TokenRecord, TokenRecords, parse_traceparent
 from agl_trainer.upstream import Upstream
 
-__all__ = ["MAX_TOKEN_ID", "Backend", "BackendError", "BackendReply", "Chunks", "Gateway", "GatewayConfig",
+__all__ = ["MAX_TOKEN_ID", "Backend", "BackendError", "BackendReply", "CallWatch", "Chunks", "Gateway", "GatewayConfig",
            "OpenAIBackend", "route_key", "sampling_mismatch", "training_sampling"]
 
 logger = logging.getLogger("agl.trainer")
@@ -508,6 +510,19 @@ def _strip(data: dict[str, Any], keep_ids: bool, keep_logprobs: bool) -> None:
 # --------------------------------------------------------------------------- the gateway
 
 
+class CallWatch(Protocol):
+    """What keeps a rollout-scoped call (:mod:`agl_trainer.rollout_calls`): fed its reply or chunks, then its record."""
+
+    rollout_id: str
+
+    def add(self, data: dict[str, Any]) -> None: ...
+
+    def done(self, record: TokenRecord | None) -> None: ...
+
+
+Capture = Callable[[Request, Endpoint, dict[str, Any], Any], Awaitable[CallWatch | None]]
+
+
 class Gateway:
     """The gateway's routes over one backend, recording into ``records``."""
 
@@ -525,6 +540,8 @@ class Gateway:
         self.frozen_calls = 0
         self.recorded = 0
         self.abandoned = 0  # calls whose agent went away before the answer
+        self.capture: Capture | None = None
+        """Per policy call: its :class:`CallWatch` when it is scoped to a rollout (the server sets it), else None."""
 
     def routes(self) -> list[Route]:
         return [
@@ -603,9 +620,11 @@ class Gateway:
             frozen = self._frozen.get(body.get("model"))  # type: ignore[arg-type]
             if frozen is not None:
                 return await self._relay_frozen(request, frozen, endpoint, body, key)
-        if key is None:
+        watch = await self.capture(request, endpoint, body, key) if self.capture is not None else None
+        if key is None and watch is None:
             self.records.unkeyed += 1
-        route_key.set(key[0] if key is not None else None)  # this request's own context: Starlette's task
+        # this request's own context: Starlette's task
+        route_key.set(key[0] if key is not None else watch.rollout_id if watch is not None else None)
         keep_ids = body.get("return_token_ids") is True
         keep_logprobs = wants_logprobs(body.get("logprobs"))
         try:
@@ -614,7 +633,7 @@ class Gateway:
                 opened = await self.backend.stream(endpoint, upstream)
                 if isinstance(opened, BackendReply):
                     return _relay_error(opened)
-                return StreamingResponse(self._events(opened, endpoint, key, keep_ids, keep_logprobs),
+                return StreamingResponse(self._events(opened, endpoint, key, keep_ids, keep_logprobs, watch),
                                          media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             reply = await _unless_gone(request, self.backend.complete(endpoint, upstream))
@@ -629,6 +648,8 @@ class Gateway:
         ids = _Ids(endpoint)
         try:
             ids.add(data)  # before anything is recorded or answered: a bad value is a 502, never a record
+            if watch is not None:
+                watch.add(data)
             if not (keep_ids and keep_logprobs):
                 _strip(data, keep_ids, keep_logprobs)
             answer = _dumps(data)
@@ -636,12 +657,19 @@ class Gateway:
             raise ApiError(exc.status, exc.message) from None
         except ValueError as exc:  # a backend in this process (the engine) answered a value JSON cannot carry
             raise ApiError(502, f"the model backend's reply is refused: {exc} (nothing was recorded)") from None
-        if key is not None:
-            record = ids.record(data.get("model"), self.model_version())
-            if record is not None:
-                self.records.put(key, record)
-                self.recorded += 1
+        self._keep(ids, data.get("model"), key, watch)
         return Response(answer, media_type="application/json")
+
+    def _keep(self, ids: _Ids, model: str | None, key: Any, watch: CallWatch | None) -> None:
+        """Record an answered call's ids under its traceparent, and hand the call to its rollout's watch."""
+        if key is None and watch is None:
+            return
+        record = ids.record(model, self.model_version())
+        if key is not None and record is not None:
+            self.records.put(key, record)
+            self.recorded += 1
+        if watch is not None:
+            watch.done(record)
 
     async def _relay_frozen(self, request: Request, frozen: OpenAIBackend, endpoint: Endpoint,
                             body: dict[str, Any], key: Any) -> Response:
@@ -683,7 +711,7 @@ class Gateway:
             self.records.put(key, TokenRecord([], [], None, name, self.model_version(), time.time(), frozen=name))
 
     async def _events(self, chunks: Chunks, endpoint: Endpoint, key: Any,
-                      keep_ids: bool, keep_logprobs: bool) -> AsyncIterator[bytes]:
+                      keep_ids: bool, keep_logprobs: bool, watch: CallWatch | None = None) -> AsyncIterator[bytes]:
         ids = _Ids(endpoint)
         model = None
         try:
@@ -691,6 +719,8 @@ class Gateway:
                 if not isinstance(chunk, dict):
                     continue
                 ids.add(chunk)
+                if watch is not None:
+                    watch.add(chunk)
                 model = model or chunk.get("model")
                 if not (keep_ids and keep_logprobs):
                     _strip(chunk, keep_ids, keep_logprobs)
@@ -706,11 +736,7 @@ class Gateway:
             return
         finally:
             await chunks.aclose()
-        if key is not None:
-            record = ids.record(model, self.model_version())
-            if record is not None:
-                self.records.put(key, record)  # before [DONE]: the rollout may be posted right after it
-                self.recorded += 1
+        self._keep(ids, model, key, watch)  # before [DONE]: the rollout may be posted right after it
         yield b"data: [DONE]\n\n"
 
 
