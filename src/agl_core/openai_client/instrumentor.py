@@ -31,7 +31,9 @@ Patching the resource rather than the HTTP layer (OpenInference wraps
 with no re-parsing of request bodies, and only chat calls pay anything. The span
 is current while the request runs, and its W3C ``traceparent`` is added to the
 request headers unless the caller set one, so agl's gateway can key its token-id
-record to this span.
+record to this span; so is ``X-Agl-Agent``, the agent scope the call runs in
+(:func:`agl_core.tracer.agent_scope`, percent-encoded), so a gateway training
+several policies answers each agent with its own.
 
 Not covered: ``client.completions`` (legacy text completions), the Responses
 API, raw ``client.post(...)`` calls, and openai 1.x's separate
@@ -41,6 +43,7 @@ API, raw ``client.post(...)`` calls, and openai 1.x's separate
 from __future__ import annotations
 
 import functools
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -54,8 +57,11 @@ from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.openai_client import attributes
 from agl_core.plugin import Instrumentor
+from agl_core.tracer import agent_scope
 
 _TRACEPARENT = "traceparent"
+AGENT_HEADER = "X-Agl-Agent"
+"""The header naming the agent scope of a call (percent-encoded): the gateway's key to that agent's policy."""
 
 if TYPE_CHECKING:
     _Proxy = wrapt.ObjectProxy[Any]  # generic in wrapt 2's stubs; wrapt 1 cannot be subscripted at run time
@@ -77,6 +83,20 @@ def _with_traceparent(headers: Any, span: trace.Span) -> Any:
                 return headers
         return {**headers, _TRACEPARENT: value}
     return headers
+
+
+def _with_agent(headers: Any, span: trace.Span) -> Any:
+    """``extra_headers`` with ``X-Agl-Agent`` added when the call runs in an agent scope and the caller set none."""
+    agent = agent_scope(span)
+    if agent is None:
+        return headers
+    if not headers:
+        return {AGENT_HEADER: urllib.parse.quote(agent, safe="")}
+    if not isinstance(headers, Mapping):
+        return headers
+    if any(key.lower() == AGENT_HEADER.lower() for key in headers):
+        return headers
+    return {**headers, AGENT_HEADER: urllib.parse.quote(agent, safe="")}
 
 
 class _Call:
@@ -145,7 +165,7 @@ def _start(resource: Any, kwargs: dict[str, Any]) -> _Call | None:
             attributes=sampler_attributes(attrs),
         )
         set_on(span, attrs)
-        kwargs["extra_headers"] = _with_traceparent(kwargs.get("extra_headers"), span)
+        kwargs["extra_headers"] = _with_agent(_with_traceparent(kwargs.get("extra_headers"), span), span)
         token = otel_context.attach(trace.set_span_in_context(span))
         return _Call(span, token, kwargs.get("stream") is True)
     except Exception as exc:  # noqa: BLE001 - fail-open

@@ -1,0 +1,192 @@
+"""Several policies in one run: a writer and a checker, each its own LoRA adapter on one tiny base model.
+
+The agent is a LangGraph graph with two nodes, ``writer`` and ``checker``, each one ``ChatOpenAI`` call
+with the same prompt; agl's LangChain plugin makes each node an agent scope, and the instrumented
+openai client tells the gateway which (``X-Agl-Agent``). The roles need opposite answers to the same
+input: the writer is rewarded for ``A``, the checker for ``B`` (0.5 each, the run's final reward). One
+shared policy answers both from one distribution, so whatever it learns it scores 0.5 on average;
+two adapters learn each its own answer.
+
+Everything runs for real: the worker, the server, the gateway, the torch engine serving the peft
+model with both adapters, and the trainer stepping each adapter with its own optimizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pytest
+
+pytest.importorskip("langgraph")
+pytest.importorskip("peft")
+torch = pytest.importorskip("torch")
+
+from langchain_openai import ChatOpenAI  # noqa: E402
+from langgraph.graph import END, START, StateGraph  # noqa: E402
+
+import agl_core as agl  # noqa: E402
+from agl_core import semconv  # noqa: E402
+from agl_core.transitions import TransitionBuilder  # noqa: E402
+from agl_core.worker import Worker, point_openai_at  # noqa: E402
+from agl_trainer.demo.policy import PolicySpec, build_model, build_tokenizer  # noqa: E402
+from agl_trainer.gateway import GatewayConfig, training_sampling  # noqa: E402
+from agl_trainer.policies import MultiPolicyBackend, Policy, PolicyRouter  # noqa: E402
+from agl_trainer.server import ServerConfig, ServerThread, TrainerServer  # noqa: E402
+from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig  # noqa: E402
+from agl_trainer.training import TrainConfig, Trainer  # noqa: E402
+
+torch.set_num_threads(1)
+
+ROLES = {"writer": "A", "checker": "B"}
+"""Each role's rewarded answer to the very same prompt."""
+PROMPT = [{"role": "user", "content": "say one"}]
+LORA = LoraOptions(r=4, alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj", "lm_head"])
+POLICIES = [Policy("writer", "^writer$", LORA), Policy("checker", "^checker$", LORA)]
+
+
+class State(TypedDict, total=False):
+    roles: list[str]
+    said: dict[str, str]
+
+
+def _node(role: str) -> Any:
+    def node(state: State) -> State:
+        model = ChatOpenAI(model="policy", max_retries=0, max_tokens=1, temperature=1.0)
+        reply = model.invoke(PROMPT)
+        return {"said": {**state.get("said", {}), role: str(reply.content).strip()}}
+    return node
+
+
+def two_roles(task: dict[str, Any]) -> float:
+    """The writer, then the checker (or only the roles the task names), on the same prompt; 0.5 per right answer."""
+    roles = task.get("roles", list(ROLES))
+    graph = StateGraph(State)
+    last = START
+    for role in roles:
+        graph.add_node(role, _node(role))
+        graph.add_edge(last, role)
+        last = role
+    graph.add_edge(last, END)
+    said = graph.compile().invoke({"roles": roles, "said": {}})["said"]
+    return sum(0.5 for role, want in ROLES.items() if said.get(role) == want)
+
+
+@pytest.fixture(autouse=True)
+def langchain_instrumented(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # the worker points it at the gateway
+    monkeypatch.setenv("OPENAI_API_KEY", "unset")
+    logging.getLogger("agl.worker").setLevel(logging.ERROR)
+    assert "langchain" in agl.instrument(["langchain"])
+    yield
+    agl.uninstrument(["langchain"])
+
+
+def _tiny() -> tuple[Any, Any]:
+    spec = PolicySpec(["user", "assistant", "say", "one"], [], ["A", "B"])
+    tokenizer = build_tokenizer(spec)
+    return build_model(tokenizer, spec, seed=0, hidden=32, layers=1), tokenizer
+
+
+class Run:
+    """A server, a worker and a trainer around ``backend``'s engine; stopped by :meth:`close`."""
+
+    def __init__(self, folder: Path, backend: Any, tokenizer: Any, tasks: list[Any], *,
+                 router: PolicyRouter | None, group_size: int = 16) -> None:
+        self.backend = backend
+        self.engine = backend.engine(tokenizer, name="base", seed=0, max_batch=32, batch_wait_s=0.003,
+                                     default_max_tokens=1)
+        builder = TransitionBuilder(agent_match=router.agent_match() if router is not None else None)
+        gateway = GatewayConfig(sampling_overrides=training_sampling(1.0), policies=router)
+        self.server = TrainerServer(ServerConfig(db_path=str(folder / "agl.db"), port=0, builder=builder,
+                                                 gateway=gateway), self.engine)
+        self.thread = ServerThread(self.server).start()
+        point_openai_at(self.thread.url, None)
+        self.worker = Worker(self.thread.url, two_roles, concurrency=16, poll_s=0.05, grace_s=2.0)
+        self.running = threading.Thread(target=self.worker.run, daemon=True)
+        self.running.start()
+        self.trainer = Trainer(self.server, backend, self.engine, tasks,
+                               TrainConfig(tasks_per_step=1, group_size=group_size,
+                                           checkpoint_dir=str(folder / "ckpt")))
+
+    def close(self) -> None:
+        self.worker.stop(now=True)
+        self.running.join(timeout=10)
+        self.thread.stop()
+
+
+def _adapter_weights(backend: MultiPolicyBackend, name: str) -> dict[str, Any]:
+    return {n: p.detach().clone() for n, p in backend.backends[name]._adapter_parameters()}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_adapters_learn_opposite_roles_that_one_shared_policy_cannot(tmp_path: Path) -> None:
+    base, tokenizer = _tiny()
+    config = TorchConfig(lr=5e-2, epochs=3, minibatches=2, gradient_checkpointing=False)
+
+    # one shared policy (a single LoRA adapter for both roles): the same prompt, one distribution
+    shared = TorchBackend(copy.deepcopy(base), TorchConfig(**{**config.__dict__, "lora": LORA}),
+                          pad_id=tokenizer.pad_token_id)
+    (tmp_path / "shared").mkdir()
+    run = Run(tmp_path / "shared", shared, tokenizer, [{"id": 0}], router=None)
+    try:
+        single = [h.reward for h in run.trainer.run(6)]
+    finally:
+        run.close()
+    assert max(single[-3:]) < 0.7, single  # 0.5 on average whatever it learns: p/2 + (1-p)/2
+
+    # two policies: each role its own adapter
+    multi = MultiPolicyBackend(copy.deepcopy(base), POLICIES, config, pad_id=tokenizer.pad_token_id)
+    (tmp_path / "multi").mkdir()
+    run = Run(tmp_path / "multi", multi, tokenizer, [{"id": 0}], router=multi.router)
+    try:
+        history = run.trainer.run(25, stop=lambda h: len(h) >= 2 and (h[-1].reward + h[-2].reward) / 2 >= 0.9)
+        rewards = [round(h.reward, 2) for h in history]
+        assert (history[-1].reward + history[-2].reward) / 2 >= 0.9, rewards
+        assert history[0].reward < 0.7, rewards
+        last = history[-1].metrics
+        for name in ROLES:  # each policy stepped on its own, with its own numbers
+            assert last[f"policy/{name}/rows"] > 0, last
+            assert last[f"policy/{name}/transitions"] == 16, last
+            assert f"policy/{name}/loss" in last and f"policy/{name}/ratio_first_mean" in last
+            assert last[f"policy/{name}/reward_share"] == pytest.approx(0.5, abs=0.2)
+        assert last["policy/writer/ratio_first_mean"] == pytest.approx(1.0, abs=2e-2)  # served by its own adapter
+
+        # the served calls said which policy answered each
+        rollout = run.server.store.rollouts()[-1]
+        spans = [s for s in run.server.store.spans(rollout.id) if s.attributes.get(semconv.AGL_POLICY)]
+        assert sorted(s.attributes[semconv.AGL_POLICY] for s in spans) == ["checker", "writer"]
+        traj = run.server.store.trajectories(rollout_ids=[rollout.id])[0]
+        assert sorted(t.model or "" for t in traj.transitions) == ["checker", "writer"]
+        for t in traj.transitions:
+            assert t.model == t.agent_name  # the model that answered is the agent's policy
+
+        # a step with only the writer's calls moves the writer's adapter, never the checker's
+        writer_before, checker_before = _adapter_weights(multi, "writer"), _adapter_weights(multi, "checker")
+        run.trainer.tasks = [{"id": 1, "roles": ["writer"]}]
+        step = run.trainer.step()
+        assert step.metrics["policy/checker/rows"] == 0 and step.metrics["policy/writer/rows"] > 0, step.metrics
+        assert _same(_adapter_weights(multi, "checker"), checker_before)
+        assert not _same(_adapter_weights(multi, "writer"), writer_before)
+        run.trainer.save()
+        saved = {name: _adapter_weights(multi, name) for name in ROLES}
+        steps = multi.step
+    finally:
+        run.close()
+
+    # resume: every policy's adapter (and the step) comes back
+    again = MultiPolicyBackend(copy.deepcopy(base), POLICIES, config, pad_id=tokenizer.pad_token_id)
+    assert not _same(_adapter_weights(again, "writer"), saved["writer"])
+    again.load(tmp_path / "multi" / "ckpt")
+    assert again.step == steps
+    for name in ROLES:
+        assert _same(_adapter_weights(again, name), saved[name])
+    with pytest.raises(ValueError, match="holds policies"):
+        MultiPolicyBackend(copy.deepcopy(base), POLICIES[:1], config).load(tmp_path / "multi" / "ckpt")
