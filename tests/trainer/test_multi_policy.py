@@ -31,10 +31,11 @@ from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 import agl_core as agl  # noqa: E402
 from agl_core import semconv  # noqa: E402
+from agl_core.testing import FakeOpenAI  # noqa: E402
 from agl_core.transitions import TransitionBuilder  # noqa: E402
 from agl_core.worker import Worker, point_openai_at  # noqa: E402
 from agl_trainer.demo.policy import PolicySpec, build_model, build_tokenizer  # noqa: E402
-from agl_trainer.gateway import GatewayConfig, training_sampling  # noqa: E402
+from agl_trainer.gateway import GatewayConfig, OpenAIBackend, training_sampling  # noqa: E402
 from agl_trainer.policies import MultiPolicyBackend, Policy, PolicyRouter  # noqa: E402
 from agl_trainer.server import ServerConfig, ServerThread, TrainerServer  # noqa: E402
 from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig  # noqa: E402
@@ -190,3 +191,126 @@ def test_two_adapters_learn_opposite_roles_that_one_shared_policy_cannot(tmp_pat
         assert _same(_adapter_weights(again, name), saved[name])
     with pytest.raises(ValueError, match="holds policies"):
         MultiPolicyBackend(copy.deepcopy(base), POLICIES[:1], config).load(tmp_path / "multi" / "ckpt")
+
+
+# ---------------------------------------------------------------------- routing
+
+
+def _scoped(role: str, *, stream: bool = False) -> Any:
+    """One call from inside LangGraph node ``role`` (an agent scope), streamed or not; the reply's model."""
+    def node(state: State) -> State:
+        model = ChatOpenAI(model="policy", max_retries=0, max_tokens=1, streaming=stream)
+        said = model.invoke(PROMPT)
+        return {"said": {role: str(said.response_metadata.get("model_name"))}}
+    graph = StateGraph(State)
+    graph.add_node(role, node)
+    graph.add_edge(START, role)
+    graph.add_edge(role, END)
+    return graph.compile().invoke({"said": {}})["said"][role]
+
+
+def _rollout(server_url: str, role: str, *, stream: bool = False) -> tuple[str, list[Any]]:
+    point_openai_at(server_url, None)
+    with agl.rollout(task_id=f"t-{role}", store=agl.HttpStore(server_url)) as run:
+        model = _scoped(role, stream=stream)
+    return model, run.rollout.id
+
+
+def _recorded_logprob(store: Any, rollout_id: str) -> tuple[float, list[int], list[int], dict[str, Any]]:
+    span = next(s for s in store.spans(rollout_id) if s.attributes.get(semconv.AGL_RESPONSE_TOKEN_IDS)
+                and s.attributes.get(semconv.AGL_PLUGIN) == "openai")
+    a = span.attributes
+    return a[semconv.AGL_RESPONSE_LOGPROBS][0], a[semconv.AGL_PROMPT_TOKEN_IDS], a[semconv.AGL_RESPONSE_TOKEN_IDS], a
+
+
+def _logprob(model: Any, prompt: list[int], token: int, adapter: str | None) -> float:
+    with torch.inference_mode():
+        if adapter is None:
+            with model.disable_adapter():
+                logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+        else:
+            model.set_adapter(adapter)
+            logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    return float(torch.log_softmax(logits, -1)[token])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_agent_is_answered_by_its_own_adapter_and_an_unknown_one_by_the_base(
+        make_server: Any, stream: bool) -> None:
+    base, tokenizer = _tiny()
+    policies = [Policy("writer", "writ", LORA), Policy("checker", "check", LORA)]
+    multi = MultiPolicyBackend(base, policies, TorchConfig(gradient_checkpointing=False),
+                               pad_id=tokenizer.pad_token_id)
+    torch.manual_seed(1)
+    with torch.no_grad():  # adapters that answer differently: each its own distribution
+        for name, p in multi.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    engine = multi.engine(tokenizer, name="base", seed=0, default_max_tokens=1)
+    server = make_server(engine, gateway=GatewayConfig(policies=multi.router))
+    for role, policy in (("writer", "writer"), ("rewriter", "writer"), ("checker", "checker"), ("judge", None)):
+        served, rollout_id = _rollout(server.url, role, stream=stream)
+        assert served == (policy or "base"), role
+        logprob, prompt, response, attrs = _recorded_logprob(server.server.store, rollout_id)
+        assert attrs.get(semconv.AGL_POLICY) == policy
+        expected = {a: _logprob(multi.model, prompt, response[0], a) for a in ("writer", "checker", None)}
+        assert logprob == pytest.approx(expected[policy], abs=1e-4), (role, logprob, expected)
+        others = [v for a, v in expected.items() if a != policy]
+        assert all(abs(v - logprob) > 1e-3 for v in others), (role, expected)  # the adapters do differ
+        if policy is None:  # the base answered, and the span says why
+            assert "'judge' matches no policy" in attrs[semconv.AGL_POLICY_NOTE]
+        traj = server.server.store.trajectories(rollout_ids=[rollout_id])[0]
+        assert [t.model for t in traj.transitions] == [policy or "base"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllm_serves_each_agent_by_its_policys_lora_name(make_server: Any, tmp_path: Path, stream: bool) -> None:
+    base, tokenizer = _tiny()
+    multi = MultiPolicyBackend(base, POLICIES, TorchConfig(gradient_checkpointing=False))
+    with FakeOpenAI(enable_lora=True, return_token_ids=True) as vllm:  # a call for an adapter not loaded is a 404
+        from agl_trainer.vllm_lora import VllmAdapters, VllmPoliciesLink
+
+        server = make_server(OpenAIBackend(vllm.url), gateway=GatewayConfig(policies=multi.router))
+        link = VllmPoliciesLink(server.server, {n: VllmAdapters(vllm.url, n) for n in multi.names},
+                                str(tmp_path / "adapters"))
+        version = link.publish(multi)
+        assert sorted(vllm.adapters) == ["checker", "writer"]
+        assert all(f"/v{version}" in folder for folder in vllm.adapters.values())
+        for role in ("writer", "checker", "judge"):
+            served, rollout_id = _rollout(server.url, role, stream=stream)
+            asked = [r.body["model"] for r in vllm.requests if r.path.endswith("/chat/completions")][-1]
+            assert asked == (role if role != "judge" else vllm.model), role
+            assert served == asked
+            assert vllm.requests[-1].body.get("stream", False) is stream
+
+
+# ---------------------------------------------------------------------- config
+
+
+def _raw(**changes: Any) -> dict[str, Any]:
+    return {"data": {"path": "tasks.jsonl"}, "agent": "pkg.mod:agent", "backend": {"model": "m"}, **changes}
+
+
+def test_the_policies_section_is_checked_and_names_the_fix() -> None:
+    from agl_trainer.config import ConfigError, transition_builder, validate
+    from agl_trainer.policies import policies_of
+
+    config = validate(_raw(policies={"writer": {"agents": "writ", "lora": {"r": 16}}, "checker": {"agents": "check"}},
+                           backend={"model": "m", "lora": {"r": 2, "alpha": 4}}))
+    policies = policies_of(config)
+    assert [(p.name, p.agents, p.lora.r) for p in policies] == [("writer", "writ", 16), ("checker", "check", 2)]
+    builder = transition_builder(config)
+    assert builder.settings()["agent_match"] == "(?:writ)|(?:check)"
+    with pytest.raises(ConfigError, match=r"^config error: policies: and agent_match \('writer'\) both select the "
+                                          r"trained agents: .*drop agent_match"):
+        validate(_raw(policies={"w": {"agents": "w"}}, agent_match="writer"))
+    with pytest.raises(ConfigError, match=r"^config error: policies\.w\.agents: '\(' is not a valid regular "
+                                          r"expression"):
+        validate(_raw(policies={"w": {"agents": "("}}))
+    with pytest.raises(ConfigError, match=r"^config error: policies\.a b: a policy's name"):
+        validate(_raw(policies={"a b": {"agents": "x"}}))
+    with pytest.raises(ConfigError, match=r"^config error: policies: are trained by the torch backend"):
+        validate(_raw(policies={"w": {"agents": "w"}}, backend={"model": "m", "name": "verl"}))
+    with pytest.raises(ConfigError, match=r"policies\.w\.agent: unknown key \(did you mean agents\?\); allowed: "
+                                          r"agents, lora"):
+        validate(_raw(policies={"w": {"agent": "w"}}))

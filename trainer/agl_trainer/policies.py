@@ -34,7 +34,7 @@ from typing import Any
 from agl_core.schema import Trajectory
 from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig
 
-__all__ = ["MultiPolicyBackend", "Policy", "PolicyRouter", "Route", "split_by_policy"]
+__all__ = ["MultiPolicyBackend", "Policy", "PolicyRouter", "Route", "policies_of", "split_by_policy"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -112,6 +112,16 @@ class PolicyRouter:
                                "from agl's instrumented client): served by the base model, not trained")
         return Route(None, f"agent {agent!r} matches no policy ({', '.join(self.names)}): served by the base "
                            "model, not trained")
+
+
+def policies_of(config: Any) -> list[Policy]:
+    """The policies of a training config's ``policies`` section (:class:`agl_trainer.config.Config`), in order."""
+    out = []
+    for name, section in (config.policies or {}).items():
+        lora = section.lora or config.backend.lora
+        options = LoraOptions(**lora.model_dump()) if lora is not None else LoraOptions()
+        out.append(Policy(name, section.agents, options))
+    return out
 
 
 def split_by_policy(trajectories: Sequence[Trajectory], router: PolicyRouter) -> dict[str, list[Trajectory]]:
