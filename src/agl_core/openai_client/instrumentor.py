@@ -33,7 +33,10 @@ is current while the request runs, and its W3C ``traceparent`` is added to the
 request headers unless the caller set one, so agl's gateway can key its token-id
 record to this span; so is ``X-Agl-Agent``, the agent scope the call runs in
 (:func:`agl_core.tracer.agent_scope`, percent-encoded), so a gateway training
-several policies answers each agent with its own.
+several policies answers each agent with its own. agl's own spans are walked up
+to the nearest that names an agent; under a user's SDK provider, whose spans do
+not link to their parents, only the span the call starts under is read (a
+LangChain chat span names its agent itself).
 
 Not covered: ``client.completions`` (legacy text completions), the Responses
 API, raw ``client.post(...)`` calls, and openai 1.x's separate
@@ -85,9 +88,8 @@ def _with_traceparent(headers: Any, span: trace.Span) -> Any:
     return headers
 
 
-def _with_agent(headers: Any, span: trace.Span) -> Any:
+def _with_agent(headers: Any, agent: str | None) -> Any:
     """``extra_headers`` with ``X-Agl-Agent`` added when the call runs in an agent scope and the caller set none."""
-    agent = agent_scope(span)
     if agent is None:
         return headers
     if not headers:
@@ -159,13 +161,14 @@ def _start(resource: Any, kwargs: dict[str, Any]) -> _Call | None:
             if type(value) is not list and value is not None and _one_shot(value):
                 kwargs[key] = list(value)  # we read it before openai does: it must not reach openai empty
         client = resource._client
+        agent = agent_scope(trace.get_current_span())  # the span this call's starts under, and those above it
         attrs = attributes.request_attributes(kwargs, getattr(client, "_base_url", None) or client.base_url)
         span = collector.tracer().start_span(
             semconv.chat_span_name(kwargs.get("model")), kind=SpanKind.CLIENT,
             attributes=sampler_attributes(attrs),
         )
         set_on(span, attrs)
-        kwargs["extra_headers"] = _with_agent(_with_traceparent(kwargs.get("extra_headers"), span), span)
+        kwargs["extra_headers"] = _with_agent(_with_traceparent(kwargs.get("extra_headers"), span), agent)
         token = otel_context.attach(trace.set_span_in_context(span))
         return _Call(span, token, kwargs.get("stream") is True)
     except Exception as exc:  # noqa: BLE001 - fail-open
