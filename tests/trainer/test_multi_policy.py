@@ -14,6 +14,7 @@ model with both adapters, and the trainer stepping each adapter with its own opt
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -314,3 +315,80 @@ def test_the_policies_section_is_checked_and_names_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"policies\.w\.agent: unknown key \(did you mean agents\?\); allowed: "
                                           r"agents, lora"):
         validate(_raw(policies={"w": {"agent": "w"}}))
+
+
+ROLES_AGENT = '''
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+from typing import TypedDict
+
+
+class State(TypedDict, total=False):
+    said: dict
+
+
+def node(role):
+    def run(state):
+        reply = ChatOpenAI(model="policy", max_retries=0, max_tokens=1).invoke([{"role": "user", "content": "say one"}])
+        return {"said": {**state.get("said", {}), role: str(reply.content).strip()}}
+    return run
+
+
+def solve(task):
+    graph = StateGraph(State)
+    graph.add_node("writer", node("writer"))
+    graph.add_node("checker", node("checker"))
+    graph.add_edge(START, "writer")
+    graph.add_edge("writer", "checker")
+    graph.add_edge("checker", END)
+    said = graph.compile().invoke({"said": {}})["said"]
+    return 0.5 * (said.get("writer") == "A") + 0.5 * (said.get("checker") == "B")
+'''
+
+
+def test_agl_train_runs_several_policies_from_a_config_and_resumes_them(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from agl_trainer.config import validate
+    from agl_trainer.train_cli import run_training, step_line
+
+    model, tokenizer = _tiny()
+    model.save_pretrained(tmp_path / "policy")
+    tokenizer.save_pretrained(tmp_path / "policy")
+    (tmp_path / "roles_agent.py").write_text(ROLES_AGENT, encoding="utf-8")
+    (tmp_path / "tasks.jsonl").write_text('{"id": 0}\n', encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = {"data": {"path": "tasks.jsonl", "group_size": 4, "tasks_per_step": 1}, "agent": "roles_agent:solve",
+           "backend": {"model": "policy", "threads": 1, "gradient_checkpointing": False,
+                       "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]}},
+           "algorithm": {"lr": 1e-2},
+           "policies": {"writer": {"agents": "^writer$"}, "checker": {"agents": "^checker$", "lora": {"r": 4}}},
+           "workers": {"count": 4}, "run": {"steps": 2, "dir": "out", "checkpoint_every": 1}}
+    outcome = run_training(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert len(outcome.steps) == 2 and not outcome.resumed
+    for step in outcome.steps:
+        for name in ("writer", "checker"):
+            assert step["metrics"][f"policy/{name}/transitions"] == 4, step["metrics"]
+    assert (tmp_path / "out" / "checkpoint" / "policies.json").exists()
+    ranks = {}
+    for name in ("writer", "checker"):
+        state = torch.load(tmp_path / "out" / "checkpoint" / "policies" / name / "trainer.pt", weights_only=True)
+        ranks[name] = {tuple(v.shape) for k, v in state["model"].items() if "lora_A" in k}
+        assert state["model"] and all(f".{name}." in k for k in state["model"])  # each checkpoint its own adapter
+    assert ranks == {"writer": {(2, 32)}, "checker": {(4, 32)}}  # backend.lora, or the policy's own
+    from agl_trainer.training import StepResult
+
+    line = step_line(StepResult.from_dict(outcome.steps[-1]), 2, 1.0)
+    assert "| writer: reward" in line and "| checker: reward" in line
+
+    raw["run"]["steps"] = 3
+    again = run_training(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert again.resumed and [s["step"] for s in again.steps] == [1, 2, 3]
+
+
+def test_a_token_record_keeps_its_policy_through_the_file() -> None:
+    from agl_trainer.token_records import TokenRecord
+
+    record = TokenRecord([1], [2], [-0.5], "base", 3, 1.0, None, None, "agent 'judge' matches no policy")
+    assert TokenRecord.from_json(record.to_json()) == record
+    plain = TokenRecord([1], [2], None, "m", 0, 1.0)
+    assert TokenRecord.from_json(plain.to_json()) == plain and len(json.loads(plain.to_json())) == 6
