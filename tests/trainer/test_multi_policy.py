@@ -32,6 +32,7 @@ from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 import agl_core as agl  # noqa: E402
 from agl_core import semconv  # noqa: E402
+from agl_core.cli.traces import render_rollout  # noqa: E402
 from agl_core.testing import FakeOpenAI  # noqa: E402
 from agl_core.transitions import TransitionBuilder  # noqa: E402
 from agl_core.worker import Worker, point_openai_at  # noqa: E402
@@ -262,6 +263,9 @@ def test_each_agent_is_answered_by_its_own_adapter_and_an_unknown_one_by_the_bas
             assert "'judge' matches no policy" in attrs[semconv.AGL_POLICY_NOTE]
         traj = server.server.store.trajectories(rollout_ids=[rollout_id])[0]
         assert [t.model for t in traj.transitions] == [policy or "base"]
+        shown = render_rollout(server.server.store.get_rollout(rollout_id, with_spans=True), traj.transitions,
+                               width=400)
+        assert (f"policy {policy}" if policy else "base model: agent 'judge' matches no policy") in shown, shown
 
 
 @pytest.mark.parametrize("stream", [False, True])
