@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -396,3 +397,16 @@ def test_a_token_record_keeps_its_policy_through_the_file() -> None:
     assert TokenRecord.from_json(record.to_json()) == record
     plain = TokenRecord([1], [2], None, "m", 0, 1.0)
     assert TokenRecord.from_json(plain.to_json()) == plain and len(json.loads(plain.to_json())) == 6
+
+
+def test_agl_demo_multi_policy_trains_both_roles_and_draws_a_curve_per_policy(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agl_trainer.demo.run import main
+
+    assert main(["--multi-policy", "--dir", str(tmp_path / "demo"), "--quiet", "--steps", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "Target 0.9 for both over the last 2 steps: reached." in out
+    rows = [line.split("|")[1:4] for line in out.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert float(rows[0][1]) < 0.9 or float(rows[0][2]) < 0.9, rows  # it learned it: the first step guessed
+    assert (tmp_path / "demo" / "reward_curve.png").stat().st_size > 1000
+    assert (tmp_path / "demo" / "checkpoint" / "policies.json").exists()

@@ -17,7 +17,10 @@ model (the adapters switched off), which the call's span says (``agl.llm.policy_
   policy gets the run's credited rewards for its calls, so a checker is trained on the outcome of the
   writer it checked); advantages are computed per policy, still grouped by task (GRPO); each policy
   takes one optimizer step of its own (its own :class:`~agl_trainer.torch_backend.TorchBackend` over
-  its adapter: its own AdamW), and its metrics are reported under ``policy/<name>/...``.
+  its adapter: its own AdamW), and its metrics are reported under ``policy/<name>/...``: ``reward`` (the
+  mean credited reward of its calls), ``reward_share`` (its part of the step's credited reward),
+  ``transitions``, ``rows`` (0: no step this time), ``loss``, ``kl``, ``approx_kl``, ``ratio_mean``,
+  ``ratio_first_mean``, ``clip_fraction``, ``grad_norm``.
 - **Checkpoints** hold every adapter with its optimizer (``policies/<name>/trainer.pt``).
 """
 
@@ -215,8 +218,9 @@ class MultiPolicyBackend:
             prefix = f"policy/{name}/"
             batch = score(trajs) if trajs else None
             rows = batch.rows if batch is not None else []
-            metrics[prefix + "transitions"] = float(sum(len(t.transitions) for t in trajs))
-            metrics[prefix + "reward"] = batch.advantage_stats.mean_return if batch is not None else 0.0
+            count = sum(len(t.transitions) for t in trajs)
+            metrics[prefix + "transitions"] = float(count)
+            metrics[prefix + "reward"] = credited[name] / count if count else 0.0  # its calls' mean credited reward
             metrics[prefix + "reward_share"] = abs(credited[name]) / total if total else 0.0
             if not rows:
                 metrics[prefix + "rows"] = 0.0

@@ -403,8 +403,8 @@ class Trainer:
     ``backend`` holds the copy being trained.
     """
 
-    def __init__(self, server: TrainerServer | ServerLink, backend: TorchBackend, engine: Any, tasks: Sequence[Any],
-                 config: TrainConfig | None = None) -> None:
+    def __init__(self, server: TrainerServer | ServerLink, backend: TorchBackend | MultiPolicyBackend, engine: Any,
+                 tasks: Sequence[Any], config: TrainConfig | None = None) -> None:
         if not tasks:
             raise ValueError("tasks is empty: nothing to train on")
         self.link: ServerLink = LocalServer(server, engine) if isinstance(server, TrainerServer) else server
@@ -628,6 +628,10 @@ def write_curves(folder: str | os.PathLike[str], history: Sequence[StepResult], 
                                "final reward": [r.final_reward for r in history]}
     if validations:
         rewards["validation reward"] = ([v.step for v in validations], [v.reward for v in validations])
+    policies = dict.fromkeys(k.split("/")[1] for r in history for k in r.metrics
+                             if k.startswith("policy/") and k.endswith("/reward"))
+    for name in policies:  # several policies: each one's calls, credited
+        rewards[f"policy {name}"] = [r.metrics.get(f"policy/{name}/reward", 0.0) for r in history]
     write_curve(reward, steps, rewards,
                 title=title or "agl train: mean reward per rollout", target=target, ylabel="mean per rollout")
     loss = os.path.join(folder, "loss_curve.png")
