@@ -410,3 +410,21 @@ def test_agl_demo_multi_policy_trains_both_roles_and_draws_a_curve_per_policy(
     assert float(rows[0][1]) < 0.9 or float(rows[0][2]) < 0.9, rows  # it learned it: the first step guessed
     assert (tmp_path / "demo" / "reward_curve.png").stat().st_size > 1000
     assert (tmp_path / "demo" / "checkpoint" / "policies.json").exists()
+
+
+def test_a_call_another_model_answered_is_not_trained_as_its_agents_policy() -> None:
+    from agl_core.schema import Trajectory, Transition
+    from agl_trainer.policies import split_by_policy
+
+    def call(i: int, agent: str, model: str | None) -> Transition:
+        return Transition(rollout_id="r", task_id="t", index=i, prompt=PROMPT, agent_name=agent, model=model,
+                          response={"role": "assistant", "content": "A"})
+
+    router = PolicyRouter(POLICIES)
+    traj = Trajectory(rollout_id="r", task_id="t", transitions=[
+        call(0, "writer", "writer"), call(1, "writer", "base"), call(2, "checker", None), call(3, "judge", "base")])
+    elsewhere: dict[str, int] = {}
+    shares = split_by_policy([traj], router, elsewhere)
+    assert [t.index for t in shares["writer"][0].transitions] == [0]  # the base's answer is not the writer's sample
+    assert [t.index for t in shares["checker"][0].transitions] == [2]
+    assert elsewhere == {"writer": 1}

@@ -127,19 +127,28 @@ def policies_of(config: Any) -> list[Policy]:
     return out
 
 
-def split_by_policy(trajectories: Sequence[Trajectory], router: PolicyRouter) -> dict[str, list[Trajectory]]:
+def split_by_policy(trajectories: Sequence[Trajectory], router: PolicyRouter,
+                    elsewhere: dict[str, int] | None = None) -> dict[str, list[Trajectory]]:
     """Each policy's share of the trajectories: the same rollouts, each with only that policy's transitions.
 
     A rollout in which a policy made no call is left out of that policy's share (it has nothing to train
     there); its reward still counts in the step's reward. Transitions of agents no policy serves go nowhere.
+    A transition whose ``model`` says another model answered it (the call reached the gateway without its
+    agent: a client that is not agl's, or no agent scope) is not trained: its tokens are not its policy's
+    samples. Those are counted per policy into ``elsewhere``.
     """
     out: dict[str, list[Trajectory]] = {name: [] for name in router.names}
     for traj in trajectories:
         mine: dict[str, list[Any]] = {}
         for t in traj.transitions:
             policy = router.policy_for(t.agent_name)
-            if policy is not None:
-                mine.setdefault(policy, []).append(t)
+            if policy is None:
+                continue
+            if t.model is not None and t.model != policy:
+                if elsewhere is not None:
+                    elsewhere[policy] = elsewhere.get(policy, 0) + 1
+                continue
+            mine.setdefault(policy, []).append(t)
         for policy, transitions in mine.items():
             out[policy].append(replace(traj, transitions=transitions))
     return out
@@ -210,7 +219,13 @@ class MultiPolicyBackend:
         """
         metrics: dict[str, float] = {}
         stepped: list[dict[str, float]] = []
-        shares = split_by_policy(trajectories, self.router)
+        elsewhere: dict[str, int] = {}
+        shares = split_by_policy(trajectories, self.router, elsewhere)
+        for name, count in elsewhere.items():
+            metrics[f"policy/{name}/served_elsewhere"] = float(count)
+            logger.warning("agl policies: %d call(s) of policy %r's agents were answered by another model (their "
+                           "transition's model) and are not trained: did they reach the gateway without agl's "
+                           "instrumented client (its X-Agl-Agent header)?", count, name)
         credited = {name: sum(t.credited_reward or 0.0 for traj in trajs for t in traj.transitions)
                     for name, trajs in shares.items()}
         total = sum(abs(v) for v in credited.values())
