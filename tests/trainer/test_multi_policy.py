@@ -144,7 +144,8 @@ def test_two_adapters_learn_opposite_roles_that_one_shared_policy_cannot(tmp_pat
         single = [h.reward for h in run.trainer.run(6)]
     finally:
         run.close()
-    assert max(single[-3:]) < 0.7, single  # 0.5 on average whatever it learns: p/2 + (1-p)/2
+    # 0.5 on average whatever it learns (p/2 + (1-p)/2); 6 steps x 16 rollouts: 0.62 is over 3 standard errors
+    assert sum(single) / len(single) < 0.62, single
 
     # two policies: each role its own adapter
     multi = MultiPolicyBackend(copy.deepcopy(base), POLICIES, config, pad_id=tokenizer.pad_token_id)
@@ -153,6 +154,7 @@ def test_two_adapters_learn_opposite_roles_that_one_shared_policy_cannot(tmp_pat
     try:
         history = run.trainer.run(25, stop=lambda h: len(h) >= 2 and (h[-1].reward + h[-2].reward) / 2 >= 0.9)
         rewards = [round(h.reward, 2) for h in history]
+        print(f"one shared policy: {[round(r, 2) for r in single]}; two adapters: {rewards}")
         assert (history[-1].reward + history[-2].reward) / 2 >= 0.9, rewards
         assert history[0].reward < 0.7, rewards
         last = history[-1].metrics
