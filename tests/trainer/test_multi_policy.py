@@ -163,7 +163,11 @@ def test_two_adapters_learn_opposite_roles_that_one_shared_policy_cannot(tmp_pat
             assert last[f"policy/{name}/transitions"] == 16, last
             assert f"policy/{name}/loss" in last and f"policy/{name}/ratio_first_mean" in last
             assert last[f"policy/{name}/reward_share"] == pytest.approx(0.5, abs=0.2)
-        assert last["policy/writer/ratio_first_mean"] == pytest.approx(1.0, abs=2e-2)  # served by its own adapter
+        for step in history:  # every call sampled from its own adapter, calls of both arriving together: ratio 1
+            for name in ROLES:
+                assert step.metrics[f"policy/{name}/ratio_first_mean"] == pytest.approx(1.0, abs=2e-2), step.metrics
+        recorded = run.server.metrics()[-1]["values"]  # what the dashboard and GET /v1/metrics draw
+        assert recorded["policy/checker/loss"] == last["policy/checker/loss"]
 
         # the served calls said which policy answered each
         rollout = run.server.store.rollouts()[-1]
