@@ -323,6 +323,8 @@ def test_the_policies_section_is_checked_and_names_the_fix() -> None:
         validate(_raw(policies={"a b": {"agents": "x"}}))
     with pytest.raises(ConfigError, match=r"^config error: policies: are trained by the torch backend"):
         validate(_raw(policies={"w": {"agents": "w"}}, backend={"model": "m", "name": "verl"}))
+    with pytest.raises(ConfigError, match=r"^config error: policies: train model weights.*algorithm\.name apo"):
+        validate(_raw(policies={"w": {"agents": "w"}}, algorithm={"name": "apo"}))
     with pytest.raises(ConfigError, match=r"policies\.w\.agent: unknown key \(did you mean agents\?\); allowed: "
                                           r"agents, lora"):
         validate(_raw(policies={"w": {"agent": "w"}}))

@@ -474,6 +474,9 @@ def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:
 
 def _cross_check(config: Config) -> None:
     """What one key's type cannot say alone."""
+    if config.algorithm.name == "apo" and config.policies is not None:
+        raise ConfigError("policies", "train model weights, one LoRA adapter each; algorithm.name apo changes a "
+                          "prompt and trains no weights: drop policies, or use algorithm.name grpo")
     if config.algorithm.name == "apo":
         from agl_trainer.apo import check_apo_config
 
