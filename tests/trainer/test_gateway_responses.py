@@ -285,3 +285,27 @@ def test_a_stream_that_fails_midway_raises_in_the_sdk_and_records_nothing(make_s
     finally:
         upstream.shutdown()
         upstream.server_close()
+
+
+def test_responses_calls_on_a_rollout_scoped_url_are_its_transitions(make_server: ServerFactory) -> None:
+    with FakeOpenAI(script=[CALL, "It is sunny in Paris."]) as fake:
+        srv = make_server(fake)
+        r = httpx.post(srv.url + "/v1/rollouts", json={"id": "scoped-r", "task_id": "t1", "status": "running"})
+        assert r.status_code == 201, r.text
+        client = openai.OpenAI(base_url=srv.url + "/rollouts/scoped-r/v1", api_key="x", max_retries=0)
+        first = client.responses.create(model="m", input="Weather in Paris?", tools=[TOOL])  # type: ignore[list-item]
+        (call,) = first.output
+        events = client.responses.create(model="m", tools=[TOOL], stream=True, input=[  # type: ignore[list-item]
+            {"role": "user", "content": "Weather in Paris?"}, call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": "call_7", "output": "sunny"}])
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "It is sunny in Paris."
+        r = httpx.post(srv.url + "/v1/rollouts", json={"id": "scoped-r", "task_id": "t1", "status": "succeeded",
+                                                       "rewards": [{"value": 1.0}]})
+        assert r.status_code == 201, r.text
+        sent = _chat_calls(fake)
+    transitions = srv.server.store.transitions(rollout_id="scoped-r")
+    assert len(transitions) == 2 and all(t.token_source == "gateway" for t in transitions)
+    for t, body in zip(transitions, sent, strict=True):
+        assert t.prompt_token_ids == tokenize(render_prompt(body["messages"]))
+    assert transitions[0].response_token_ids == tokenize('<tool_call> lookup {"city": "Paris"}')
+    assert transitions[1].response_token_ids == tokenize("It is sunny in Paris.")

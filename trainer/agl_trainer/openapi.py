@@ -475,6 +475,18 @@ def _paths() -> dict[str, Any]:
                              "max_output_tokens": _nullable({"type": "integer", "minimum": 1})},
                             ("input",), extra=True)),
             params=[_traceparent(), _rollout_header()], errors=(404, 409, 502, 504))},
+        "/rollouts/{rollout_id}/v1/responses": {"post": _op(
+            "The Responses API scoped to an open rollout (gateway-only capture), answered through the chat path: each "
+            "answered call is one of its transitions, with the gateway's token ids.",
+            {200: {"description": "A Response object, or Responses server-sent events with stream=true.",
+                   "content": {"application/json": {"schema": {"type": "object"}},
+                               "text/event-stream": {"schema": {}}}}},
+            body=_body(_obj({"input": {"anyOf": [_STRING, {"type": "array", "items": {"type": "object"}}]},
+                             "instructions": _nullable(_STRING),
+                             "tools": _nullable({"type": "array", "items": {"type": "object"}}),
+                             "max_output_tokens": _nullable({"type": "integer", "minimum": 1})},
+                            ("input",), extra=True)),
+            params=[_rollout_path(), _traceparent(), _rollout_header()], errors=(404, 409, 502, 504))},
         "/v1/completions": {"post": _op(
             "OpenAI text completions through the gateway, recording the call's token ids by traceparent.",
             {200: {"description": "The backend's reply (a JSON object, or server-sent events with stream=true).",

@@ -1,7 +1,8 @@
 """Gateway-only capture: an agent's calls through a rollout-scoped base URL are that rollout's LLM calls.
 
 ``{server}/rollouts/{rollout_id}/v1`` is an OpenAI base URL (``POST .../chat/completions``,
-plain and streamed, and ``GET .../models``), and so is the plain ``{server}/v1`` with the header
+plain and streamed, ``POST .../responses``, the Responses API answered through the chat path,
+and ``GET .../models``), and so is the plain ``{server}/v1`` with the header
 ``X-Agl-Rollout-Id: {rollout_id}``. An agent that lets you set nothing but its base URL, in any
 language and with no tracing, then yields a rollout whose transitions are its calls in the order
 the gateway received them, with the engine's exact token ids (``token_source="gateway"``) and the
@@ -423,16 +424,20 @@ class RolloutCalls:
 
     # ------------------------------------------------------------------ routes
 
-    def routes(self, chat: Callable[[Request], Any], models: Callable[[Request], Any]) -> list[Route]:
+    def routes(self, chat: Callable[[Request], Any], models: Callable[[Request], Any],
+               responses: Callable[[Request], Any] | None = None) -> list[Route]:
         async def scoped_models(request: Request) -> Response:
             check_rollout_id(request.path_params["rollout_id"], "the URL /rollouts/{rollout_id}/v1")
             response: Response = await models(request)
             return response
 
-        return [
+        routes = [
             Route("/rollouts/{rollout_id}/v1/chat/completions", chat, methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/models", scoped_models, methods=["GET"]),
         ]
+        if responses is not None:  # the Responses API, answered through the chat path (agl_trainer.responses_api)
+            routes.append(Route("/rollouts/{rollout_id}/v1/responses", responses, methods=["POST"]))
+        return routes
 
 
 def gateway_spans(rollout: Rollout, calls: Sequence[Span]) -> list[Span]:

@@ -35,7 +35,7 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
   version, or make it current again (:mod:`agl_trainer.resources`).
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/models``: the gateway
   (:mod:`agl_trainer.gateway`).
-- ``/rollouts/{rollout_id}/v1/chat/completions``, ``/rollouts/{rollout_id}/v1/models``: the gateway scoped
+- ``/rollouts/{rollout_id}/v1/chat/completions``, ``.../v1/responses``, ``.../v1/models``: the gateway scoped
   to one open rollout, whose calls become its transitions (:mod:`agl_trainer.rollout_calls`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
 - ``/`` and ``/dashboard``: the dashboard (:mod:`agl_trainer.dashboard`), with ``GET /v1/stats``.
@@ -275,7 +275,8 @@ class TrainerServer:
     def _build_app(self) -> ASGIApp:
         routes = [
             *self.gateway.routes(),  # first: the hot path matches at once
-            *self.rollout_calls.routes(self.gateway.chat_completions, self.gateway.list_models),
+            *self.rollout_calls.routes(self.gateway.chat_completions, self.gateway.list_models,
+                                       self.gateway.responses),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/openapi.json", _openapi, methods=["GET"]),
             Route("/v1/tasks", self.enqueue, methods=["POST"]),
