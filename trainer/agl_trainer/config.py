@@ -436,9 +436,15 @@ def _cross_check(config: Config) -> None:
             re.compile(config.sft.agent)
         except re.error as exc:
             raise ConfigError("sft.agent", f"{config.sft.agent!r} is not a valid regular expression: {exc}") from None
-    if config.algorithm.name in ("sft", "rft") and config.backend.name != "torch":
-        raise ConfigError("algorithm.name", f"{config.algorithm.name} trains with the torch backend; backend.name is "
+    name = config.algorithm.name
+    if name in ("sft", "rft") and config.backend.name != "torch":
+        raise ConfigError("algorithm.name", f"{name} trains with the torch backend; backend.name is "
                           f"{config.backend.name}")
+    if name in ("sft", "rft") and config.validation is not None:
+        raise ConfigError("validation", f"is run by the grpo loop; algorithm.name {name} does not run it yet: drop "
+                          "the section, or validate the model folder it writes with a grpo run")
+    if name == "grpo" and "sft" in config.model_fields_set:
+        raise ConfigError("sft", "is read with algorithm.name sft or rft only; algorithm.name is grpo")
     if config.agent_match is not None:
         try:
             re.compile(config.agent_match)
