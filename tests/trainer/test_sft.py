@@ -216,16 +216,25 @@ def test_the_recorded_token_ids_are_trained_and_a_call_without_them_is_rendered_
     retokenized = (prompt_ids(tokenizer, COLOUR["q"]), ids(tokenizer, "blue") + [tokenizer.eos_token_id])
     before = (logprob(tmp_path / "policy", odd_prompt, odd_response), logprob(tmp_path / "policy", *retokenized))
     cfg = config(tmp_path, algorithm={"name": "sft", "lr": 5e-3}, sft={"epochs": 5, "batch_size": 4})
-    outcome = run_training(cfg, progress=True)
+    import yaml
+
+    from agl_trainer.train_cli import main
+
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True)))
+    assert main([str(tmp_path / "sft.yaml"), "--check"]) == 0
+    assert capsys.readouterr().out.strip() == f"agl train: {tmp_path / 'sft.yaml'} is valid: sft on the store agl.db, " \
+                                               "backend torch"
+    assert main([str(tmp_path / "sft.yaml")]) == 0  # agl train's own entry: the lines a user reads
     after = (logprob(tmp_path / "out" / "model", odd_prompt, odd_response),
              logprob(tmp_path / "out" / "model", *retokenized))
     assert after[0] > before[0] + 2.0, (before, after)  # the recorded sequence is what was learned
     assert after[1] - before[1] < after[0] - before[0]
-    err = capsys.readouterr().err
-    assert "3 with recorded token ids, 1 rendered with the chat template" in err
-    assert err.count("1 chat-template") == 5  # every step's line counts the rendered example
-    assert "(1 rendered with the chat template)" in (outcome.summary_line or "")
-    assert outcome.steps[0]["chat_template"] == 1.0
+    printed = capsys.readouterr()
+    assert "3 with recorded token ids, 1 rendered with the chat template" in printed.err
+    assert printed.err.count("1 chat-template") == 5  # every step's line counts the rendered example
+    assert "agl train: sft 5 steps on 4 examples (1 rendered with the chat template), loss " in printed.out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["steps"][0]["chat_template"] == 1.0 and summary["selection"]["chat_template"] == 1
 
 
 def test_sft_with_nothing_selected_is_a_config_error_naming_the_selection(sft_run: dict[str, Any]) -> None:
@@ -294,7 +303,8 @@ def test_rft_rounds_raise_the_mean_reward(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("changes", "message"), [
     ({"algorithm": {"name": "dpo"}}, "config error: algorithm.name: 'dpo' is not one of: grpo, sft, rft"),
     ({"algorithm": {"name": "sft"}, "sft": {"agent": "("}},
-     "config error: sft.agent: '(' is not a valid regular expression: missing ), unterminated subpattern at position 0"),
+     "config error: sft.agent: '(' is not a valid regular expression: missing ), unterminated subpattern at "
+     "position 0"),
     ({"algorithm": {"name": "sft"}, "sft": {"epochs": 0}}, "config error: sft.epochs: must be greater than 0, got 0"),
     ({"sft": {"min_reward": 1.0}}, "config error: sft: is read with algorithm.name sft or rft only; algorithm.name is "
                                    "grpo"),

@@ -29,7 +29,8 @@ number of rounds.
 
 Both leave in ``run.dir``: ``model/`` (a Hugging Face folder, LoRA adapters merged in,
 with the tokenizer: ``backend.model`` of a later ``grpo`` run starts from it),
-``checkpoint/`` (:meth:`TorchBackend.save`), ``loss_curve.png`` and ``summary.json``.
+``sft-checkpoint/`` or ``rft-checkpoint/`` (:meth:`TorchBackend.save`: not ``checkpoint/``, which a ``grpo``
+run in the same folder would resume from as if its own), ``loss_curve.png`` and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -476,9 +477,10 @@ def _finish(config: Any, backend: TorchBackend, tokenizer: Any, started: float, 
     """The model folder, the checkpoint, the loss curve and ``summary.json`` in ``run.dir``; the summary."""
     folder = config.path(config.run.dir)
     os.makedirs(folder, exist_ok=True)
+    name = config.algorithm.name
     files = {"model": save_model(backend, tokenizer, config.path(config.backend.model), os.path.join(folder, "model")),
-             "checkpoint": os.path.join(folder, "checkpoint"), "loss curve": os.path.join(folder, "loss_curve.png"),
-             "summary": os.path.join(folder, "summary.json")}
+             "checkpoint": os.path.join(folder, f"{name}-checkpoint"),
+             "loss curve": os.path.join(folder, "loss_curve.png"), "summary": os.path.join(folder, "summary.json")}
     backend.save(files["checkpoint"], extra={"algorithm": config.algorithm.name})
     try:
         _loss_curve(files["loss curve"], what["steps"], config.algorithm.name)
