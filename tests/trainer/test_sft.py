@@ -222,8 +222,8 @@ def test_the_recorded_token_ids_are_trained_and_a_call_without_them_is_rendered_
 
     (tmp_path / "sft.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True)))
     assert main([str(tmp_path / "sft.yaml"), "--check"]) == 0
-    assert capsys.readouterr().out.strip() == f"agl train: {tmp_path / 'sft.yaml'} is valid: sft on the store agl.db, " \
-                                               "backend torch"
+    checked = capsys.readouterr().out.strip()
+    assert checked == f"agl train: {tmp_path / 'sft.yaml'} is valid: sft on the store agl.db, backend torch"
     assert main([str(tmp_path / "sft.yaml")]) == 0  # agl train's own entry: the lines a user reads
     after = (logprob(tmp_path / "out" / "model", odd_prompt, odd_response),
              logprob(tmp_path / "out" / "model", *retokenized))
@@ -320,3 +320,32 @@ def test_a_bad_sft_config_is_named(tmp_path: Path, changes: dict[str, Any], mess
     with pytest.raises(ConfigError) as caught:
         config(tmp_path, **changes)
     assert str(caught.value) == message
+
+
+def test_sft_reads_a_running_server_s_store_over_http(tmp_path: Path, fake: Any, make_server: Any) -> None:
+    tokenizer = save_policy(tmp_path / "policy")
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(COLOUR) + "\n")
+    store_calls(tmp_path / "served.db", [call(f"good-{i}", "colour", COLOUR["q"], "blue", 1.0, tokenizer)
+                                         for i in range(2)]
+                + [call("bad-0", "colour", COLOUR["q"], "red", 0.0, tokenizer)])
+    server = make_server(fake, db=tmp_path / "served.db")
+    cfg = config(tmp_path, algorithm={"name": "sft", "lr": 5e-3}, sft={"data": server.url, "min_reward": 0.5})
+    summary = run_training(cfg, progress=False)
+    assert summary.files["model"] == str(tmp_path / "out" / "model")
+    selection = json.loads((tmp_path / "out" / "summary.json").read_text())["selection"]
+    assert (selection["transitions"], selection["examples"], selection["recorded"]) == (2, 2, 2)
+
+
+def test_a_tool_call_without_ids_is_rendered_with_its_arguments_as_the_template_takes_them(tmp_path: Path) -> None:
+    from agl_trainer.demo.policy import tool_call_text
+
+    unlock = tool_call_text("unlock", {"code": "3"})
+    tokenizer = build_tokenizer(PolicySpec(WORDS, [unlock], ANSWERS))
+    reply = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "unlock", "arguments": '{"code": "3"}'}}]}
+    t = Transition(rollout_id="r", task_id="t", index=0, prompt=[{"role": "user", "content": "pick a colour"}],
+                   response=reply)
+    (example,), stats = sft_examples([t], tokenizer)
+    assert stats.chat_template == 1
+    response = tokenizer.convert_ids_to_tokens(example.input_ids[example.prompt_len:])
+    assert unlock in response and response[-1] == "<|im_end|>"  # the one token of the call the model would write

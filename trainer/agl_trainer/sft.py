@@ -114,11 +114,33 @@ def template_ids(tokenizer: Any, t: Transition) -> tuple[list[int], list[int]] |
         raise ValueError("a transition has no token ids and the tokenizer has no chat_template to render it with: "
                          "record calls through agl's gateway, or give the model folder a chat template")
     kwargs: dict[str, Any] = {"tools": t.tools} if t.tools else {}
-    prompt = _ids(tokenizer.apply_chat_template(t.prompt, add_generation_prompt=True, tokenize=True, **kwargs))
-    whole = _ids(tokenizer.apply_chat_template([*t.prompt, t.response], tokenize=True, **kwargs))
+    messages = [_for_template(m) for m in t.prompt]
+    prompt = _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs))
+    whole = _ids(tokenizer.apply_chat_template([*messages, _for_template(t.response)], tokenize=True, **kwargs))
     if whole[:len(prompt)] != prompt:
         return None
     return prompt, whole[len(prompt):]
+
+
+def _for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """A stored message as chat templates take it: a tool call's ``arguments`` a mapping, not the JSON text the
+    OpenAI API sends (a template would render the text as a quoted string: not what the model wrote)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    fixed = []
+    for call in calls:
+        function = dict(call.get("function") or {})
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                parsed = json.loads(arguments)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                function["arguments"] = parsed
+        fixed.append({**call, "function": function})
+    return {**message, "tool_calls": fixed}
 
 
 def _ids(rendered: Any) -> list[int]:
