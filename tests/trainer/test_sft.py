@@ -298,6 +298,23 @@ def test_rft_rounds_raise_the_mean_reward(tmp_path: Path) -> None:
     assert rounds[-1]["reward_mean"] > rounds[0]["reward_mean"] + 0.3, [r["reward_mean"] for r in rounds]
     assert "rft 3 rounds" in (outcome.summary_line or "")
     assert os.path.exists(tmp_path / "out" / "model" / "model.safetensors")
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "agl.db") as conn:  # each round's figures went to the server (the dashboard)
+        recorded = dict(conn.execute("SELECT step, value FROM trainer_metrics WHERE name = 'reward_mean'").fetchall())
+    assert recorded == {r["round"]: pytest.approx(r["reward_mean"]) for r in rounds}
+
+
+def test_an_rft_round_that_keeps_nothing_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    save_policy(tmp_path / "policy")
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(COLOUR) + "\n")
+    cfg = config(tmp_path, data={"group_size": 4, "tasks_per_step": 1}, algorithm={"name": "rft"},
+                 sft={"min_reward": 2.0})
+    run_training(cfg, progress=False)
+    (only,) = json.loads((tmp_path / "out" / "summary.json").read_text())["rounds"]
+    assert (only["tasks_kept"], only["tasks_without_keeper"], only["steps"]) == (0, 1, [])
+    assert "agl train: rft round 1 trains on nothing: no task had a rollout to keep (rewards missing, or none " \
+           "reached sft.min_reward 2.0)" in caplog.text
 
 
 @pytest.mark.parametrize(("changes", "message"), [
