@@ -14,7 +14,8 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       device: cpu
       lora: {r: 8, alpha: 16}    # optional; needs peft (the default above lora_above_params: docs/memory.md)
     algorithm:
-      name: grpo                 # grpo | sft | rft (docs/sft.md: the sft section)
+      name: grpo                 # grpo | apo (a prompt resource searched for instead: the apo section, docs/apo.md)
+                                 # | sft | rft (fine-tuning on stored or sampled calls: the sft section, docs/sft.md)
       clip_epsilon: 0.2
       kl_coef: 0.0
       lr: 1.0e-5
@@ -33,6 +34,8 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       path: val.jsonl
       every: 10
       sampling: {temperature: 0.0}   # the gateway samples validation calls so (greedy by default)
+    resources: {system_prompt: "You are ..."}   # what the agent reads (agl.resources()); apo's first prompt
+    apo: {optimizer: {base_url: ..., model: ...}, beam_width: 2, rounds: 3}   # algorithm.name: apo (docs/apo.md)
 
 Relative paths (``data.path``, ``validation.path``, ``backend.model``, ``server.db``, ``run.dir``, ...) are
 taken from the config file's folder. ``--set a.b=c`` overrides one key (the value is
@@ -65,7 +68,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 
 __all__ = [
-    "AirConfig", "AlgorithmConfig", "BackendConfig", "Config", "ConfigError", "CreditConfig", "DataConfig",
+    "AirConfig", "AlgorithmConfig", "ApoConfig", "ApoOptimizerConfig", "BackendConfig", "Config", "ConfigError",
+    "CreditConfig", "DataConfig",
     "LoraConfig", "RunConfig", "ServerSection", "SftConfig", "ValidationConfig", "ValidationSampling", "VerlConfig",
     "VllmLoraConfig", "WorkersConfig", "apply_overrides", "code_builder", "load_config", "load_tasks",
     "load_validation_tasks", "transition_builder",
@@ -173,9 +177,10 @@ class BackendConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["grpo", "sft", "rft"] = "grpo"
-    """grpo: LightningRL (PPO-clip on group advantages); sft: fine-tune on stored transitions (the ``sft`` section);
-    rft: rounds of sampling ``data.group_size`` per task, keeping the best, SFT on them (docs/sft.md)."""
+    name: Literal["grpo", "apo", "sft", "rft"] = "grpo"
+    """grpo: LightningRL on the model's weights; apo: beam search over a prompt resource (``apo`` section,
+    docs/apo.md), no weights trained; sft: fine-tune on stored transitions (the ``sft`` section); rft: rounds of
+    sampling ``data.group_size`` per task, keeping the best, SFT on them (docs/sft.md)."""
     clip_epsilon: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
     clip_epsilon_high: Annotated[Float, Field(gt=0.0)] | None = None
     """The ratio's upper clip (DAPO's clip-higher); None: ``clip_epsilon``."""
@@ -302,12 +307,58 @@ class ValidationConfig(_Section):
     sampling: ValidationSampling = Field(default_factory=ValidationSampling)
 
 
+class ApoOptimizerConfig(_Section):
+    """The model that critiques and edits the prompt: any OpenAI-compatible chat endpoint."""
+
+    base_url: Annotated[str, Field(pattern=r"^https?://")]
+    """Its OpenAI base URL, ending in ``/v1``."""
+    model: Annotated[str, Field(min_length=1)]
+    api_key_env: str | None = None
+    """The environment variable holding its API key (None: no key sent)."""
+    temperature: Annotated[Float, Field(ge=0.0)] = 1.0
+    max_tokens: PosInt = 1024
+    """Most tokens of one reply (also capped at what ``apo.max_optimizer_tokens`` leaves)."""
+    timeout_s: Annotated[Float, Field(gt=0.0)] = 120.0
+    retries: Annotated[int, Strict(), Field(ge=0)] = 3
+    """Tries after the first of a failed call (unreachable, 429, 5xx, unreadable reply), then reported."""
+    backoff_s: Annotated[Float, Field(ge=0.0)] = 1.0
+    """Wait before the first retry; doubled each time."""
+
+
+class ApoConfig(_Section):
+    """``algorithm.name: apo``: beam search over versions of one prompt resource (docs/apo.md)."""
+
+    resource: Annotated[str, Field(min_length=1)] = "system_prompt"
+    """The resource optimised; its first value is ``resources.<resource>``."""
+    optimizer: ApoOptimizerConfig
+    beam_width: PosInt = 2
+    edits_per_candidate: PosInt = 2
+    """Edited prompts asked for per beam candidate and round (one optimiser call each, after its critique)."""
+    batch_size: PosInt = 4
+    """Training tasks each candidate runs per round (the next ones of ``data.path``); their failures are critiqued."""
+    success_reward: Float = 1.0
+    """A rollout whose final reward is below this is a failure the optimiser sees."""
+    max_examples: PosInt = 3
+    """Failing rollouts shown per critique (the lowest rewards first)."""
+    rounds: PosInt = 3
+    max_rollouts: PosInt | None = None
+    """All rollouts of the run, training and validation; a batch that would go past it is not started."""
+    max_optimizer_tokens: PosInt | None = None
+    """All optimiser tokens (its replies' ``usage.total_tokens``); a call starts only while what is left is at
+    least the largest call so far."""
+    gateway_model: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    """An OpenAI base URL the agent's model is reached at through agl's gateway (workers point the agent's
+    OpenAI clients at it, calls recorded with their tokens); None: the agent calls its own model itself."""
+    gateway_api_key_env: str | None = None
+
+
 class Config(_Section):
     """One training run, as ``agl train`` reads it."""
 
     data: DataConfig
     agent: Annotated[str, Field(pattern=_AGENT)]
-    backend: BackendConfig
+    backend: BackendConfig | None = None
+    """Required but with ``algorithm.name: apo``, which loads no model."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     sft: SftConfig = Field(default_factory=SftConfig)
     """With ``algorithm.name: sft`` or ``rft``: the transitions trained on (docs/sft.md)."""
@@ -321,6 +372,10 @@ class Config(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     validation: ValidationConfig | None = None
     """A held-out set run at the start and every ``validation.every`` steps (None: no validation)."""
+    resources: dict[str, Any] = Field(default_factory=dict)
+    """What the agent reads (``agl.resources()``); with ``algorithm.name: apo`` the server's first version."""
+    apo: ApoConfig | None = None
+    """With ``algorithm.name: apo``: what it optimises and how (docs/apo.md)."""
 
     base_dir: str = Field(default=".", exclude=True)
     """The config file's folder: relative paths are taken from here (not a key of the file)."""
@@ -419,6 +474,9 @@ def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:
         config = Config.model_validate({**raw, "base_dir": base_dir})
     except ValidationError as exc:
         errors = [_explain(e) for e in exc.errors(include_url=False)]
+        algorithm = raw.get("algorithm")
+        if "backend" not in raw and not (isinstance(algorithm, dict) and algorithm.get("name") == "apo"):
+            errors.append(ConfigError("backend", "is required, and missing"))  # optional for apo alone
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
     _cross_check(config)
     return config
@@ -426,6 +484,15 @@ def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:
 
 def _cross_check(config: Config) -> None:
     """What one key's type cannot say alone."""
+    if config.algorithm.name == "apo":
+        from agl_trainer.apo import check_apo_config
+
+        check_apo_config(config)
+        return
+    if config.apo is not None:
+        raise ConfigError("apo", f"is only used with algorithm.name: apo, not {config.algorithm.name}")
+    if config.backend is None:
+        raise ConfigError("backend", "is required, and missing")
     credit = config.credit
     if credit.method == "custom" and credit.function is None:
         raise ConfigError("credit.function", "required with credit.method: custom (pkg.module:function)")
@@ -488,7 +555,7 @@ def check(config: Config) -> None:
     if config.algorithm.name != "sft":  # sft reads a store, not the data set
         load_tasks(config)
     load_validation_tasks(config)
-    if config.backend.name == "torch":
+    if config.backend is not None and config.backend.name == "torch":
         model = config.path(config.backend.model)
         if not os.path.isdir(model):
             raise ConfigError("backend.model", f"no such folder: {model} (the torch backend needs a local "

@@ -85,6 +85,11 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
+    if config.algorithm.name == "apo":  # no model trained: a prompt searched for (docs/apo.md)
+        from agl_trainer.apo import apo_command
+
+        apo_command(config, check=check, progress=not quiet)
+        return
     if check and config.algorithm.name == "sft":
         click.echo(f"agl train: {config_path} is valid: sft on the store {config.sft.data or config.server.db}, "
                    f"backend {config.backend.name}")
@@ -162,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
     """Start what ``config`` asks for, train ``run.steps`` steps (or resume to it), stop it all; see the module."""
+    assert config.backend is not None, "algorithm.name apo runs agl_trainer.apo.run_apo"
     if config.backend.name == "verl":
         from agl_trainer.verl_backend import launch
 
