@@ -318,7 +318,7 @@ def test_an_rft_round_that_keeps_nothing_says_so(tmp_path: Path, caplog: pytest.
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"algorithm": {"name": "dpo"}}, "config error: algorithm.name: 'dpo' is not one of: grpo, sft, rft"),
+    ({"algorithm": {"name": "dpo"}}, "config error: algorithm.name: 'dpo' is not one of: grpo, apo, sft, rft"),
     ({"algorithm": {"name": "sft"}, "sft": {"agent": "("}},
      "config error: sft.agent: '(' is not a valid regular expression: missing ), unterminated subpattern at "
      "position 0"),
