@@ -328,6 +328,9 @@ def test_an_rft_round_that_keeps_nothing_says_so(tmp_path: Path, caplog: pytest.
     ({"algorithm": {"name": "rft"}, "validation": {"path": "tasks.jsonl"}},
      "config error: validation: is run by the grpo loop; algorithm.name rft does not run it yet: drop the section, or "
      "validate the model folder it writes with a grpo run"),
+    ({"algorithm": {"name": "sft"}, "policies": {"writer": {"agents": "writer"}}},
+     "config error: policies: algorithm.name sft fine-tunes one policy; several (one adapter per role) are trained by "
+     "grpo only yet: drop policies (sft.agent selects the role's calls)"),
     ({"algorithm": {"name": "sft"}, "backend": {"name": "verl"}},
      "config error: algorithm.name: sft trains with the torch backend; backend.name is verl"),
 ])

@@ -26,6 +26,9 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       method: final              # final | discounted | custom
       gamma: 1.0
     agent_match: "writer|rewriter"  # a regex searched in the agent name ("write": write_query and rewrite_query)
+    policies:                    # instead of agent_match: several policies, each agent role its own LoRA adapter
+      writer: {agents: "writer|rewriter", lora: {r: 16}}   # (docs/multi-policy.md; lora: backend.lora's default)
+      checker: {agents: "checker"}
     air: {tool_error: -0.1, tool_exception: -0.1}   # custom: my_pkg.rewards:tool_said_error, (span) -> reward | None
     workers: {count: 4}          # or {count: 8, ray: "auto"}; count 0: run `agl worker` yourself
     server: {host: 127.0.0.1, port: 0, db: agl.db}    # or {url: "http://host:8000", token: ...}
@@ -110,6 +113,15 @@ class LoraConfig(_Section):
     alpha: PosInt = 16
     dropout: Annotated[Float, Field(ge=0.0, lt=1.0)] = 0.0
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class PolicyConfig(_Section):
+    """One of several policies (``policies: {NAME: ...}``): the agents it serves and trains, its LoRA adapter."""
+
+    agents: Annotated[str, Field(min_length=1)]
+    """Regex searched in the agent name, as ``agent_match`` (the first policy in order that matches serves it)."""
+    lora: LoraConfig | None = None
+    """This policy's adapter; None: ``backend.lora``, else the defaults."""
 
 
 class VerlConfig(_Section):
@@ -366,6 +378,9 @@ class Config(_Section):
     agent_match: str | None = None
     """Regex searched in the agent names whose LLM calls are trained (``re.search``, Agent Lightning's semantics:
     ``write`` selects ``write_query`` and ``rewrite_query``; ``^writer$`` one name); None: every call."""
+    policies: dict[str, PolicyConfig] | None = None
+    """Several policies in one run, each agent role its own LoRA adapter on the shared base (docs/multi-policy.md);
+    ``agent_match`` is the one-policy shorthand, and the two do not go together."""
     air: AirConfig = Field(default_factory=AirConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     server: ServerSection = Field(default_factory=ServerSection)
@@ -484,6 +499,9 @@ def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:
 
 def _cross_check(config: Config) -> None:
     """What one key's type cannot say alone."""
+    if config.algorithm.name == "apo" and config.policies is not None:
+        raise ConfigError("policies", "train model weights, one LoRA adapter each; algorithm.name apo changes a "
+                          "prompt and trains no weights: drop policies, or use algorithm.name grpo")
     if config.algorithm.name == "apo":
         from agl_trainer.apo import check_apo_config
 
@@ -507,6 +525,9 @@ def _cross_check(config: Config) -> None:
     if name in ("sft", "rft") and config.backend.name != "torch":
         raise ConfigError("algorithm.name", f"{name} trains with the torch backend; backend.name is "
                           f"{config.backend.name}")
+    if name in ("sft", "rft") and config.policies is not None:
+        raise ConfigError("policies", f"algorithm.name {name} fine-tunes one policy; several (one adapter per role) "
+                          "are trained by grpo only yet: drop policies (sft.agent selects the role's calls)")
     if name in ("sft", "rft") and config.validation is not None:
         raise ConfigError("validation", f"is run by the grpo loop; algorithm.name {name} does not run it yet: drop "
                           "the section, or validate the model folder it writes with a grpo run")
@@ -518,6 +539,8 @@ def _cross_check(config: Config) -> None:
         except re.error as exc:
             raise ConfigError("agent_match", f"{config.agent_match!r} is not a valid regular expression: {exc}"
                               ) from None
+    if config.policies is not None:
+        _check_policies(config)
     if config.algorithm.temperature is None:
         raise ConfigError("algorithm.temperature", "must be a number: with null each call would sample at the "
                           "temperature its agent asked for, while the trainer computes its logprobs at one "
@@ -548,6 +571,32 @@ def _cross_check(config: Config) -> None:
     if config.validation is not None and config.backend.name == "verl":
         raise ConfigError("validation", "is run by the torch backend's loop; with backend.name: verl use verl's own "
                           "validation (backend.verl.overrides: data.val_files=..., trainer.test_freq=N)")
+
+
+def _check_policies(config: Config) -> None:
+    policies = config.policies or {}
+    if config.agent_match is not None:
+        raise ConfigError("policies", f"and agent_match ({config.agent_match!r}) both select the trained agents: "
+                          "with policies each policy's agents regex selects its own; drop agent_match (or drop "
+                          "policies and train one policy)")
+    if not policies:
+        raise ConfigError("policies", "is empty: name at least one policy ({NAME: {agents: REGEX}}), or leave it out")
+    for name, policy in policies.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+            raise ConfigError(f"policies.{name}", "a policy's name names its LoRA adapter and the model it is "
+                              "served as: letters, digits, '_', '.', '-' only, at most 64, starting with a letter or "
+                              "digit")
+        try:
+            re.compile(policy.agents)
+        except re.error as exc:
+            raise ConfigError(f"policies.{name}.agents", f"{policy.agents!r} is not a valid regular expression: "
+                              f"{exc}") from None
+    if config.backend.name != "torch":
+        raise ConfigError("policies", f"are trained by the torch backend (an adapter each on one base); "
+                          f"backend.name is {config.backend.name}")
+    if config.server.url is not None:
+        raise ConfigError("policies", "need the server agl train starts (its gateway routes each agent to its "
+                          "policy); leave server.url out")
 
 
 def check(config: Config) -> None:
@@ -597,6 +646,8 @@ def transition_builder(config: Config, code: Any = None) -> Any:
     kwargs: dict[str, Any] = {"air": AirRules(**rules), "credit": credit, "gamma": config.credit.gamma}
     if config.agent_match is not None:
         kwargs["agent_match"] = config.agent_match
+    if config.policies:  # every policy's agents are trained (each by its own policy)
+        kwargs["agent_match"] = "|".join(f"(?:{p.agents})" for p in config.policies.values())
     ours = TransitionBuilder(**kwargs)
     try:
         return merge_builders(code, ours, names=(f"the agent's @agl.rollout_fn builder ({config.agent})",
@@ -732,13 +783,20 @@ def _unwrap(annotation: Any) -> list[Any]:
 
 def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
     model: type[BaseModel] | None = Config
+    values: type[BaseModel] | None = None  # the model of a mapping's values (``policies: {NAME: ...}``)
     for part in loc:
+        if values is not None:  # ``part`` is a key of the mapping
+            model, values = values, None
+            continue
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
-        found = [t for t in _unwrap(model.model_fields[part].annotation)
-                 if isinstance(t, type) and issubclass(t, BaseModel)]
+        kinds = _unwrap(model.model_fields[part].annotation)
+        found = [t for t in kinds if isinstance(t, type) and issubclass(t, BaseModel)]
+        mapped = [v for t in kinds if typing.get_origin(t) is dict for v in typing.get_args(t)[1:]
+                  if isinstance(v, type) and issubclass(v, BaseModel)]
         model = found[0] if found else None
-    return model
+        values = mapped[0] if mapped else None
+    return None if values is not None else model
 
 
 def _annotation(loc: Sequence[Any]) -> Any:
