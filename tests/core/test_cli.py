@@ -322,6 +322,11 @@ def test_export_jsonl_with_filters(filled: Filled, tmp_path: Path) -> None:
     succeeded = tmp_path / "ok.jsonl"
     agl_cli("export", "--db", str(filled.db), "--status", "succeeded", "--agent", "plan.*", str(succeeded))
     assert len(succeeded.read_text().splitlines()) == 6
+    rewarded = tmp_path / "rewarded.jsonl"  # agl train's sft selection: a credited reward of at least R
+    agl_cli("export", "--db", str(filled.db), "--min-reward", "0.5", str(rewarded))
+    kept = [agl.Transition.from_json(line) for line in rewarded.read_text().splitlines()]
+    expected = [t for t in every if t.credited_reward is not None and t.credited_reward >= 0.5]
+    assert kept == expected and 0 < len(kept) < len(every)
 
 
 def test_export_keeps_an_existing_file_and_names_bad_arguments(filled: Filled, tmp_path: Path) -> None:

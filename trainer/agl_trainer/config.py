@@ -15,6 +15,7 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       lora: {r: 8, alpha: 16}    # optional; needs peft (the default above lora_above_params: docs/memory.md)
     algorithm:
       name: grpo                 # grpo | apo (a prompt resource searched for instead: the apo section, docs/apo.md)
+                                 # | sft | rft (fine-tuning on stored or sampled calls: the sft section, docs/sft.md)
       clip_epsilon: 0.2
       kl_coef: 0.0
       lr: 1.0e-5
@@ -72,7 +73,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 __all__ = [
     "AirConfig", "AlgorithmConfig", "ApoConfig", "ApoOptimizerConfig", "BackendConfig", "Config", "ConfigError",
     "CreditConfig", "DataConfig",
-    "LoraConfig", "RunConfig", "ServerSection", "ValidationConfig", "ValidationSampling", "VerlConfig",
+    "LoraConfig", "RunConfig", "ServerSection", "SftConfig", "ValidationConfig", "ValidationSampling", "VerlConfig",
     "VllmLoraConfig", "WorkersConfig", "apply_overrides", "code_builder", "load_config", "load_tasks",
     "load_validation_tasks", "transition_builder",
 ]
@@ -188,9 +189,10 @@ class BackendConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["grpo", "apo"] = "grpo"
+    name: Literal["grpo", "apo", "sft", "rft"] = "grpo"
     """grpo: LightningRL on the model's weights; apo: beam search over a prompt resource (``apo`` section,
-    docs/apo.md), no weights trained."""
+    docs/apo.md), no weights trained; sft: fine-tune on stored transitions (the ``sft`` section); rft: rounds of
+    sampling ``data.group_size`` per task, keeping the best, SFT on them (docs/sft.md)."""
     clip_epsilon: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
     clip_epsilon_high: Annotated[Float, Field(gt=0.0)] | None = None
     """The ratio's upper clip (DAPO's clip-higher); None: ``clip_epsilon``."""
@@ -206,6 +208,27 @@ class AlgorithmConfig(_Section):
     temperature: Annotated[Float, Field(gt=0.0)] | None = 1.0
     """The temperature the policy samples at: the gateway enforces it (with no top_p/top_k cut) and the trainer
     computes its logprobs at it, so the recorded logprobs and the trained ones are of one distribution."""
+
+
+class SftConfig(_Section):
+    """What ``algorithm.name: sft`` trains on, and how (docs/sft.md); ``rft`` keeps its samples by ``min_reward``."""
+
+    data: str | None = None
+    """The store to read: a SQLite file (``runs.db``) or an ``agl serve`` URL; None: this run's ``server.db``."""
+    min_reward: Float | None = None
+    """sft: only transitions whose credited reward is at least this; rft: a task's best rollout is kept only if its
+    final reward is at least this. A transition or rollout without a reward never passes."""
+    agent: str | None = None
+    """A regex searched in the agent name (as ``agl export --agent``); None: ``agent_match``."""
+    task_ids: list[str] | None = None
+    """sft: only these tasks' rollouts (None: every task)."""
+    status: list[Literal["running", "succeeded", "failed", "timeout", "cancelled"]] = \
+        Field(default_factory=lambda: ["succeeded"])
+    """sft: only rollouts with one of these statuses (empty: any)."""
+    epochs: PosInt = 1
+    """Passes over the selected examples (per round, with rft)."""
+    batch_size: PosInt = 8
+    """Sequences per optimizer step."""
 
 
 class CreditConfig(_Section):
@@ -349,6 +372,8 @@ class Config(_Section):
     backend: BackendConfig | None = None
     """Required but with ``algorithm.name: apo``, which loads no model."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)
+    """With ``algorithm.name: sft`` or ``rft``: the transitions trained on (docs/sft.md)."""
     credit: CreditConfig = Field(default_factory=CreditConfig)
     agent_match: str | None = None
     """Regex searched in the agent names whose LLM calls are trained (``re.search``, Agent Lightning's semantics:
@@ -491,6 +516,23 @@ def _cross_check(config: Config) -> None:
         raise ConfigError("credit.function", "required with credit.method: custom (pkg.module:function)")
     if credit.method != "custom" and credit.function is not None:
         raise ConfigError("credit.function", f"is only used with credit.method: custom, not {credit.method}")
+    if config.sft.agent is not None:
+        try:
+            re.compile(config.sft.agent)
+        except re.error as exc:
+            raise ConfigError("sft.agent", f"{config.sft.agent!r} is not a valid regular expression: {exc}") from None
+    name = config.algorithm.name
+    if name in ("sft", "rft") and config.backend.name != "torch":
+        raise ConfigError("algorithm.name", f"{name} trains with the torch backend; backend.name is "
+                          f"{config.backend.name}")
+    if name in ("sft", "rft") and config.policies is not None:
+        raise ConfigError("policies", f"algorithm.name {name} fine-tunes one policy; several (one adapter per role) "
+                          "are trained by grpo only yet: drop policies (sft.agent selects the role's calls)")
+    if name in ("sft", "rft") and config.validation is not None:
+        raise ConfigError("validation", f"is run by the grpo loop; algorithm.name {name} does not run it yet: drop "
+                          "the section, or validate the model folder it writes with a grpo run")
+    if name == "grpo" and "sft" in config.model_fields_set:
+        raise ConfigError("sft", "is read with algorithm.name sft or rft only; algorithm.name is grpo")
     if config.agent_match is not None:
         try:
             re.compile(config.agent_match)
@@ -559,7 +601,8 @@ def _check_policies(config: Config) -> None:
 
 def check(config: Config) -> None:
     """The files and modules the config names exist: the data sets load, the model folder, the agent's module."""
-    load_tasks(config)
+    if config.algorithm.name != "sft":  # sft reads a store, not the data set
+        load_tasks(config)
     load_validation_tasks(config)
     if config.backend is not None and config.backend.name == "torch":
         model = config.path(config.backend.model)

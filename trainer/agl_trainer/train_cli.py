@@ -68,6 +68,8 @@ class TrainOutcome:
     server_url: str
     files: dict[str, str] = field(default_factory=dict)
     validations: list[dict[str, Any]] = field(default_factory=list)
+    summary_line: str | None = None
+    """The closing console line, where it is not the reward of the first and last step (sft, rft)."""
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"]})
@@ -87,6 +89,10 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
         from agl_trainer.apo import apo_command
 
         apo_command(config, check=check, progress=not quiet)
+        return
+    if check and config.algorithm.name == "sft":
+        click.echo(f"agl train: {config_path} is valid: sft on the store {config.sft.data or config.server.db}, "
+                   f"backend {config.backend.name}")
         return
     if check:
         try:
@@ -115,7 +121,9 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
         click.echo(f"agl train: failed: {type(exc).__name__}: {exc}", err=True)
         sys.exit(1)
     steps = outcome.steps
-    if steps:
+    if outcome.summary_line:
+        click.echo(outcome.summary_line)
+    elif steps:
         first, last = steps[0], steps[-1]
         click.echo(f"agl train: {len(steps)} steps{' (resumed)' if outcome.resumed else ''}, reward "
                    f"{first['reward']:.3f} at step {first['step']} -> {last['reward']:.3f} at step {last['step']}, "
@@ -170,6 +178,8 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
 
     from agl_trainer.training import RemoteServer, Trainer
 
+    if config.algorithm.name == "sft":
+        return _sft(config, progress)
     started = time.monotonic()
     tasks = load_tasks(config)
     folder = config.path(config.run.dir)
@@ -199,6 +209,8 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
         link = local.server
         url = local.url
     worker = _start_workers(config, url, token)
+    if config.algorithm.name == "rft":
+        return _rft(config, backend, tokenizer, link, engine, tasks, progress, stop=(worker, local))
     trainer = Trainer(link, backend, engine, tasks, _train_config(config, folder))
     bar = _Progress(config.run.steps, enabled=progress)
     try:
@@ -241,6 +253,53 @@ def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
         json.dump({"config": config.model_dump(mode="json"), "resumed": outcome.resumed, "wall_s": outcome.wall_s,
                    "server": url, "warnings": warnings, "steps": steps, "validation": validations}, f, indent=1)
     return outcome
+
+
+def _sft(config: Config, progress: bool) -> TrainOutcome:
+    """``algorithm: sft``: the torch backend fine-tuned on a store's transitions (:mod:`agl_trainer.sft`)."""
+    import torch
+
+    from agl_trainer.sft import run_sft
+
+    if config.backend.threads:
+        torch.set_num_threads(config.backend.threads)
+    torch.manual_seed(config.run.seed)
+    backend, tokenizer = _torch_backend(config)
+    summary = run_sft(config, backend, tokenizer, progress=progress)
+    steps, chosen = summary["steps"], summary["selection"]
+    line = (f"agl train: sft {len(steps)} steps on {chosen['examples']} examples ({chosen['chat_template']} rendered "
+            f"with the chat template), loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}, "
+            f"{summary['wall_s']:.0f} s")
+    return TrainOutcome(steps=steps, folder=config.path(config.run.dir), resumed=False, wall_s=summary["wall_s"],
+                        server_url="", files=summary["files"], summary_line=line)
+
+
+def _rft(config: Config, backend: Any, tokenizer: Any, link: Any, engine: Any, tasks: list[Any], progress: bool, *,
+         stop: tuple[Any, Any]) -> TrainOutcome:
+    """``algorithm: rft`` on the server, gateway and workers a grpo run would use (:mod:`agl_trainer.sft`)."""
+    from agl_trainer.server import TrainerServer
+    from agl_trainer.sft import run_rft
+    from agl_trainer.training import LocalServer
+
+    worker, local = stop
+    server_url = local.url if local is not None else getattr(link, "url", "")
+    try:
+        rounds = LocalServer(link, engine) if isinstance(link, TrainerServer) else link
+        summary = run_rft(config, backend, tokenizer, rounds, tasks, progress=progress)
+    finally:
+        worker.stop()
+        if local is not None:
+            local.stop()
+        elif hasattr(link, "close"):
+            link.close()
+    r = summary["rounds"]
+    line = (f"agl train: rft {len(r)} rounds, reward {r[0]['reward_mean']:.3f} in round 1 -> "
+            f"{r[-1]['reward_mean']:.3f} in round {len(r)}, {summary['wall_s']:.0f} s")
+    files = dict(summary["files"])
+    if local is not None:
+        files["store"] = config.path(config.server.db)
+    return TrainOutcome(steps=summary["steps"], folder=config.path(config.run.dir), resumed=False,
+                        wall_s=summary["wall_s"], server_url=server_url, files=files, summary_line=line)
 
 
 def _check_remote_sampling(link: Any, temperature: float) -> None:

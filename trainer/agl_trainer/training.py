@@ -59,7 +59,7 @@ from agl_trainer.signal_health import SignalBounds, batch_signal, nothing_traine
 from agl_trainer.torch_backend import TorchBackend
 
 __all__ = ["LocalServer", "RemoteServer", "ServerLink", "StepBatch", "StepResult", "TrainConfig", "Trainer",
-           "ValidationResult", "ValidationSpec", "load_history", "score_batch", "write_curves"]
+           "ValidationResult", "ValidationSpec", "collect", "load_history", "score_batch", "write_curves"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -573,26 +573,7 @@ class Trainer:
         return self.link.enqueue(tasks, ids, repeat=cfg.group_size, max_attempts=cfg.max_attempts)
 
     def _collect(self, task_ids: list[str]) -> tuple[list[Trajectory], list[str], int]:
-        """The step's trajectories, the errors of the rollouts whose agent raised, and the tasks that failed."""
-        deadline = time.monotonic() + self.config.step_timeout_s
-        pending = list(task_ids)
-        rollout_ids: list[str] = []
-        failed = 0
-        while pending:
-            finished = self.link.finished(pending)
-            for rollout_id in finished.values():
-                if rollout_id:
-                    rollout_ids.append(rollout_id)
-                else:
-                    failed += 1
-            pending = [t for t in pending if t not in finished]
-            if pending:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{len(pending)} rollouts of this step did not finish within "
-                                       f"{self.config.step_timeout_s:g} s: are workers running?")
-                time.sleep(0.02)
-        trajectories, errors = self.link.trajectories(rollout_ids)
-        return trajectories, errors, failed
+        return collect(self.link, task_ids, timeout_s=self.config.step_timeout_s)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -613,6 +594,30 @@ class Trainer:
         self.validations = [ValidationResult.from_dict(v) for v in extra.get("validations", [])]
         self.publish()
         return True
+
+
+def collect(link: ServerLink, task_ids: Sequence[str], *, timeout_s: float) -> tuple[list[Trajectory], list[str], int]:
+    """Wait for ``task_ids``: their trajectories, the errors of the rollouts whose agent raised, and the tasks that
+    failed for good; :class:`TimeoutError` when some are still pending after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(task_ids)
+    rollout_ids: list[str] = []
+    failed = 0
+    while pending:
+        finished = link.finished(pending)
+        for rollout_id in finished.values():
+            if rollout_id:
+                rollout_ids.append(rollout_id)
+            else:
+                failed += 1
+        pending = [t for t in pending if t not in finished]
+        if pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(pending)} rollouts of this step did not finish within "
+                                   f"{timeout_s:g} s: are workers running?")
+            time.sleep(0.02)
+    trajectories, errors = link.trajectories(rollout_ids)
+    return trajectories, errors, failed
 
 
 def write_curves(folder: str | os.PathLike[str], history: Sequence[StepResult], *, title: str = "",

@@ -28,20 +28,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from agl_core.cli.stores import open_store, store_options, where
 from agl_core.errors import AglError
 from agl_core.schema import Transition
-
-if TYPE_CHECKING:
-    from agl_core.store.base import Store
+from agl_core.store.selection import Selection
 
 __all__ = ["export", "hf_features", "hf_row"]
 
@@ -59,17 +56,18 @@ FORMATS = ("jsonl", "parquet", "hf")
                    "'write' keeps write_query and rewrite_query; '^writer$' one name)")
 @click.option("--status", type=click.Choice(["running", "succeeded", "failed", "timeout", "cancelled"]),
               multiple=True, help="only rollouts with this status (repeatable)")
+@click.option("--min-reward", type=float, metavar="R",
+              help="only transitions whose credited reward is at least R (one without a reward is left out)")
 @click.option("--force", is_flag=True, help="replace OUT if it exists")
 def export(out: str, fmt: str, db: str, server: str | None, token: str | None, task_id: str | None,
-           agent: str | None, status: tuple[str, ...], force: bool) -> None:
+           agent: str | None, status: tuple[str, ...], min_reward: float | None, force: bool) -> None:
     """Write the transitions of a store to OUT: one per training example, with prompt and response
     messages, exact token ids when known, and rewards."""
-    match: re.Pattern[str] | None = None
-    if agent is not None:
-        try:
-            match = re.compile(agent)
-        except re.error as exc:
-            raise click.BadParameter(f"is not a valid regular expression: {exc}", param_hint="'--agent'") from None
+    try:
+        selection = Selection(task_ids=[task_id] if task_id is not None else None, status=list(status) or None,
+                              agent=agent, min_reward=min_reward)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"agent: {agent!r} "), param_hint="'--agent'") from None
     if os.path.lexists(out) and not force:
         raise click.BadParameter(f"{out} exists; pass --force to replace it", param_hint="'OUT'")
     datasets: Any = None
@@ -81,26 +79,17 @@ def export(out: str, fmt: str, db: str, server: str | None, token: str | None, t
             raise click.UsageError(message) from None
     with open_store(db, server, token) as store:
         try:
-            rollouts = store.rollouts(task_id=task_id, status=list(status) or None)
+            rollouts = selection.rollouts(store)
         except AglError as exc:
             raise click.ClickException(f"cannot read {where(db, server)}: {exc}") from None
         progress = _Progress(len(rollouts), f"exporting {len(rollouts)} rollouts")
-        rows = _transitions(store, [r.id for r in rollouts], match, progress)
+        rows = selection.transitions(store, [r.id for r in rollouts], on_rollout=lambda: progress.advance())
         try:
             with progress:
                 count = _write(fmt, out, rows, datasets)
         except AglError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(f"agl export: wrote {count} transitions of {len(rollouts)} rollouts to {out} ({fmt})")
-
-
-def _transitions(store: Store, rollout_ids: list[str], match: re.Pattern[str] | None,
-                 progress: _Progress) -> Iterator[Transition]:
-    for rollout_id in rollout_ids:
-        for t in store.transitions(rollout_id=rollout_id):
-            if match is None or match.search(t.agent_name or ""):
-                yield t
-        progress.advance()
 
 
 def _write(fmt: str, out: str, rows: Iterator[Transition], datasets: Any) -> int:
