@@ -365,6 +365,10 @@ class TransitionBuilder:
                                    reason=f"answered by the frozen model {frozen!r}, not the policy: not trained"))
             return None
         prompt_ids, response_ids, logprobs, source = call.tokens()
+        untrainable = call.first(semconv.AGL_UNTRAINABLE)
+        if untrainable is not None and not call.first(semconv.GEN_AI_OUTPUT_MESSAGES):
+            skipped.append(Skipped(span_id=outer.span_id, agent_name=agent, reason=str(untrainable)))
+            return None
         if call.failed():
             # a failed call may carry what arrived before it broke (a stream cut mid-way): that
             # partial text stays on the span for debugging, never in a transition
@@ -502,7 +506,41 @@ def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:
             if outer is not span:
                 call.spans.append(span)
             calls[outer.span_id] = call
-    return sorted(calls.values(), key=lambda c: c.start)
+    return _merged_across_traces(sorted(calls.values(), key=lambda c: c.start))
+
+
+def _merged_across_traces(calls: list[_Call]) -> list[_Call]:
+    """Two instrumentations that share no context (OpenInference's LangChain and OpenAI instrumentors) record
+    one request as two roots, each in a trace of its own: a call of another trace, inside this one's time,
+    with the same prompt and reply is that request, merged into the outer call as a nested span would be."""
+    out: list[_Call] = []
+    for call in calls:
+        host = next((o for o in reversed(out) if o.outer.trace_id != call.outer.trace_id
+                     and o.outer.start_ns <= call.outer.start_ns and call.outer.end_ns <= o.outer.end_ns
+                     and _same_messages(o.outer, call.outer)), None)
+        if host is None:
+            out.append(call)
+        else:
+            host.spans.extend(call.spans)
+            host._ordered = host._tool_call_ids = None
+    return out
+
+
+def _same_messages(one: Span, other: Span) -> bool:
+    try:
+        sides = [[[_gist(m) for m in many_from_genai(_json_attr(s, key) or [])]
+                  for key in (semconv.GEN_AI_INPUT_MESSAGES, semconv.GEN_AI_OUTPUT_MESSAGES)] for s in (one, other)]
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return bool(sides[0][1]) and sides[0] == sides[1]
+
+
+def _gist(message: dict[str, Any]) -> tuple[Any, ...]:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    calls = tuple((c.get("id"), (c.get("function") or {}).get("name")) for c in message.get("tool_calls") or ())
+    return message.get("role"), content or None, calls
 
 
 def _tool_calls_recorded_by_agl(spans: list[Span]) -> set[str]:

@@ -34,6 +34,8 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
   (paged, ``after=<version>``); ``GET|POST /v1/resources/{version}`` ``{"metadata"?, "current"?}``: notes on a
   version, or make it current again (:mod:`agl_trainer.resources`).
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
+- ``POST /v1/traces``: OTLP/HTTP in (protobuf or JSON): spans of any instrumentation, mapped from their
+  convention and grouped into rollouts (:mod:`agl_trainer.otlp`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
 - ``/`` and ``/dashboard``: the dashboard (:mod:`agl_trainer.dashboard`), with ``GET /v1/stats``.
 
@@ -79,6 +81,8 @@ from agl_trainer.dashboard import OPEN_PATHS as DASHBOARD_FILES
 from agl_trainer.dashboard import Dashboard
 from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
+from agl_trainer.otlp import TracesReceiver
+from agl_trainer.otlp.finish import reward_spans
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
 from agl_trainer.resources import ResourceVersions
@@ -262,6 +266,7 @@ class TrainerServer:
         # one rollout at a time per stripe: a post and an added span read, merge and write it whole
         self._rollout_locks = [threading.Lock() for _ in range(64)]
         self._publishing = asyncio.Lock()
+        self.traces = TracesReceiver(self)  # POST /v1/traces: OTLP in (agl_trainer.otlp)
         self.app: ASGIApp = self._build_app()
 
     # ------------------------------------------------------------------ app
@@ -278,6 +283,7 @@ class TrainerServer:
             Route("/v1/queue", self.queue_counts, methods=["GET"]),
             Route("/v1/leases/heartbeat", self.heartbeat, methods=["POST"]),
             Route("/v1/leases/{lease_id}/release", self.release, methods=["POST"]),
+            self.traces.route(),
             Route("/v1/rollouts", self.post_rollout, methods=["POST"]),
             Route("/v1/rollouts", self.list_rollouts, methods=["GET"]),
             Route("/v1/rollouts/{rollout_id}/spans", self.get_spans, methods=["GET"]),
@@ -633,6 +639,7 @@ class TrainerServer:
         data = read_object(await read_json(request, self.config.max_body_bytes))
         lease_id = request.query_params.get("lease_id") or None
         rollout = Rollout.from_dict(data)
+        rollout.spans += reward_spans(rollout)  # rewards posted without spans (an OTLP rollout's) count too
         _check_stored_ints(rollout.spans, "Rollout.spans", rollout.attempt)
         if lease_id is not None and rollout.status == "running":
             raise ApiError(400, "'status' of a leased task's rollout must be finished (succeeded, failed, timeout "

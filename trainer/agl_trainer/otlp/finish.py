@@ -1,0 +1,36 @@
+"""Finishing a rollout whose spans came over OTLP: ``POST /v1/rollouts`` with its id, a finished status and
+``rewards``, no spans.
+
+The builder reads rewards from reward spans, so each posted reward that names no span becomes one
+(``agl.reward <name>``, as ``agl.emit_reward`` makes), with an id drawn from the rollout id and the reward's
+place: the same post twice adds it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from agl_core import semconv
+from agl_core.schema import Rollout, Span
+
+__all__ = ["reward_spans"]
+
+
+def reward_spans(rollout: Rollout) -> list[Span]:
+    """A reward span for each of ``rollout.rewards`` that has none (its ``span_id`` is then set to it)."""
+    out = []
+    for i, reward in enumerate(rollout.rewards):
+        if reward.span_id is not None:
+            continue
+        digest = hashlib.sha256(f"{rollout.id}\x00{rollout.attempt}\x00{i}\x00{reward.name}".encode()).hexdigest()
+        at = reward.time_ns or int((rollout.end_time or time.time()) * 1e9)
+        attrs: dict[str, object] = {semconv.AGL_SPAN_KIND: semconv.KIND_REWARD,
+                                    semconv.AGL_REWARD_VALUE: reward.value, semconv.AGL_ROLLOUT_ID: rollout.id}
+        if reward.name is not None:
+            attrs[semconv.AGL_REWARD_NAME] = reward.name
+        name = f"{semconv.SPAN_REWARD} {reward.name}" if reward.name else semconv.SPAN_REWARD
+        reward.span_id = digest[:16]
+        out.append(Span(span_id=digest[:16], trace_id=digest[16:48], name=name, start_ns=at, end_ns=at,
+                        attributes=attrs, rollout_id=rollout.id))
+    return out
