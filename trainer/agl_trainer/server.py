@@ -82,7 +82,7 @@ from agl_trainer.dashboard import Dashboard
 from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
 from agl_trainer.otlp import TracesReceiver
-from agl_trainer.otlp.finish import reward_spans
+from agl_trainer.otlp.finish import reward_spans, span_rewards
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
 from agl_trainer.resources import ResourceVersions
@@ -669,6 +669,7 @@ class TrainerServer:
             stored = self.store.get_rollout(rollout.id)
             if stored is not None:
                 rollout.spans = _merged(rollout.spans, stored, keep_stored=stored.status in _FINISHED)
+            span_rewards(rollout)  # rewards that came on spans alone (OTLP's agl.reward.value)
             if lease_id is None:
                 trajectory = self.builder.build(rollout)
                 self.store.put_rollout(rollout, trajectory)
@@ -704,6 +705,8 @@ class TrainerServer:
             joined, keys = self.records.join(spans)
             known = {s.span_id for s in stored.spans}
             stored.spans = _merged(joined, stored, keep_stored=True)
+            if stored.status == "running":  # a finished rollout's rewards are final
+                span_rewards(stored)
             trajectory = self.builder.build(stored)
             self.store.put_rollout(stored, trajectory)
         self.records.forget(keys)

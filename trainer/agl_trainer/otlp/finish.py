@@ -12,9 +12,9 @@ import hashlib
 import time
 
 from agl_core import semconv
-from agl_core.schema import Rollout, Span
+from agl_core.schema import Reward, Rollout, Span
 
-__all__ = ["reward_spans"]
+__all__ = ["reward_spans", "span_rewards"]
 
 
 def reward_spans(rollout: Rollout) -> list[Span]:
@@ -34,3 +34,18 @@ def reward_spans(rollout: Rollout) -> list[Span]:
         out.append(Span(span_id=digest[:16], trace_id=digest[16:48], name=name, start_ns=at, end_ns=at,
                         attributes=attrs, rollout_id=rollout.id))
     return out
+
+
+def span_rewards(rollout: Rollout) -> None:
+    """Add to ``rollout.rewards`` the reward spans' rewards it does not list yet (``agl.reward.value`` on a
+    span that came over OTLP): the rollout's final reward is then the one its transitions were credited with."""
+    listed = {r.span_id for r in rollout.rewards if r.span_id is not None}
+    for span in rollout.spans:
+        a = span.attributes
+        value = a.get(semconv.AGL_REWARD_VALUE)
+        if (a.get(semconv.AGL_SPAN_KIND) != semconv.KIND_REWARD or span.span_id in listed
+                or not isinstance(value, (int, float)) or isinstance(value, bool)):
+            continue
+        name = a.get(semconv.AGL_REWARD_NAME)
+        rollout.rewards.append(Reward(value=float(value), name=name if isinstance(name, str) else None,
+                                      span_id=span.span_id, time_ns=span.start_ns))
