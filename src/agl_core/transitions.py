@@ -488,6 +488,7 @@ def load_function(spec: str, what: str) -> Callable[..., Any]:
 
 def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:
     calls: dict[str, _Call] = {}
+    owner: dict[str, str] = {}  # LLM span id -> its call's outer span id
     for span in spans:
         if not is_llm_span(span):
             continue
@@ -499,6 +500,7 @@ def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:
                 outer = parent
             parent = by_id.get(parent.parent_id) if parent.parent_id else None
             seen += 1
+        owner[span.span_id] = outer.span_id
         if outer.span_id in calls:
             calls[outer.span_id].spans.append(span)
         else:
@@ -506,7 +508,24 @@ def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:
             if outer is not span:
                 call.spans.append(span)
             calls[outer.span_id] = call
+    for span in spans:
+        if span.attributes.get(semconv.AGL_TOKEN_SOURCE) == "gateway" and not is_llm_span(span):
+            _join_gateway_span(span, by_id, owner, calls)
     return _merged_across_traces(sorted(calls.values(), key=lambda c: c.start))
+
+
+def _join_gateway_span(span: Span, by_id: dict[str, Span], owner: dict[str, str], calls: dict[str, _Call]) -> None:
+    """The gateway's ids joined a span that is no LLM span: the HTTP client span of the request, whose
+    traceparent the request carried when only the HTTP client is instrumented (OpenInference or the GenAI
+    instrumentations over OTLP, with opentelemetry-instrumentation-httpx). Below an LLM span it is that call's."""
+    parent = by_id.get(span.parent_id) if span.parent_id else None
+    seen = 0
+    while parent is not None and seen < 10_000:
+        if parent.span_id in owner:
+            calls[owner[parent.span_id]].spans.append(span)
+            return
+        parent = by_id.get(parent.parent_id) if parent.parent_id else None
+        seen += 1
 
 
 def _merged_across_traces(calls: list[_Call]) -> list[_Call]:

@@ -14,14 +14,14 @@ from typing import Any
 
 import openai
 import pytest
-from otlp_harness import TOOLS, Agl, exporting_provider
+from otlp_harness import TOKEN, TOOLS, Agl, exporting_provider
 
-from agl_core.testing import FakeOpenAI
+from agl_core.testing import FakeOpenAI, render_prompt, tokenize
 
 
-def _openai_agent(base_url: str) -> None:
+def _openai_agent(base_url: str, api_key: str = "x", http_client: Any = None) -> None:
     """The plain openai-client tool loop an instrumentor sees."""
-    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http_client)
     messages: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3."}]
     reply = client.chat.completions.create(model="fake-model", messages=messages, tools=TOOLS)
     call = reply.choices[0].message.tool_calls[0]
@@ -169,3 +169,30 @@ def test_pydantic_ai_builtin_instrumentation(agl: Agl, fake: FakeOpenAI) -> None
         provider.shutdown()
     assert _conventions(agl, "pydantic-ai") == {"pydantic_ai"}
     _check(agl, fake, "pydantic-ai", "add-2-3", "calculator")
+
+
+
+def test_through_the_gateway_a_traceparent_joins_the_exact_token_ids(agl: Agl, fake: FakeOpenAI) -> None:
+    """OpenInference's instrumentor sends no traceparent; one request hook on the app's HTTP client (the
+    OpenTelemetry propagator's ``inject``) sends the current span's, the LLM span's: the gateway records the
+    call's ids under it, and they join the ingested span (token_source gateway)."""
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.propagate import inject
+
+    provider = exporting_provider(agl, **{"agl.rollout.id": "via-gateway"})
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    http = openai.DefaultHttpxClient(event_hooks={"request": [lambda request: inject(request.headers)]})
+    try:
+        _openai_agent(f"{agl.url}/v1", TOKEN, http)  # the agent's base URL is the gateway's
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()
+    assert agl.finish("via-gateway")["transitions"] == 2
+    transitions = agl.transitions("via-gateway")
+    relayed = [r.body for r in fake.requests if r.path.endswith("/chat/completions")]
+    for t, request in zip(transitions, relayed, strict=True):
+        assert t["token_source"] == "gateway"
+        assert t["prompt_token_ids"] == tokenize(render_prompt(request["messages"]))
+    assert transitions[1]["response_token_ids"] == tokenize("The sum is 5.")
+    assert transitions[1]["response"]["content"] == "The sum is 5."

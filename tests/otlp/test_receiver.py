@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otlp_harness import AUTH, TOKEN, Agl
 
-from agl_core.testing import FakeOpenAI
+from agl_core.testing import FakeOpenAI, render_prompt, tokenize
 from agl_trainer.gateway import GatewayConfig, OpenAIBackend
 from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
 
@@ -77,8 +77,8 @@ def _json_span(span_id: str, name: str, attributes: dict[str, Any], parent: str 
     return {"traceId": trace, "spanId": span_id, "parentSpanId": parent, "name": name, "kind": 3,
             "startTimeUnixNano": str(start * 1_000_000), "endTimeUnixNano": str(start * 1_000_000 + 500_000),
             "attributes": kvs(attributes), "status": {"code": 0},
-            "events": [{"name": e["name"], "timeUnixNano": str(start * 1_000_000 + 1), "attributes": kvs(e["attributes"])}
-                       for e in events or []]}
+            "events": [{"name": e["name"], "timeUnixNano": str(start * 1_000_000 + 1),
+                        "attributes": kvs(e["attributes"])} for e in events or []]}
 
 
 def _json_request(spans: list[dict[str, Any]], scope: str = "test", **resource: Any) -> dict[str, Any]:
@@ -363,3 +363,31 @@ def test_a_batch_over_the_limit_is_a_413_as_sent_or_once_decompressed(small: Agl
     fits = _protobuf_request(calls=3, **{"agl.rollout.id": "fits"})
     assert _post(small, gzip.compress(fits), {**PROTOBUF, "Content-Encoding": "gzip"}).status_code == 200
     assert [r["id"] for r in _rollouts(small)] == ["fits"]
+
+
+def test_gateway_ids_recorded_under_the_http_client_span_join_the_llm_call_above_it(agl: Agl,
+                                                                                    fake: FakeOpenAI) -> None:
+    """An app whose HTTP client is instrumented (Node's undici, Python's httpx) sends the HTTP span's traceparent:
+    the ids the gateway recorded under it join the LLM span above, even when the HTTP span came in an earlier
+    request than its parent (it ends first)."""
+    messages = [{"role": "user", "content": "Add 2 and 3."}]
+    reply = httpx.post(f"{agl.url}/v1/chat/completions", json={"model": "fake-model", "messages": messages},
+                       headers={**AUTH, "traceparent": f"00-{TRACE}-00000000000000a2-01"},
+                       timeout=10)
+    assert reply.status_code == 200, reply.text
+    llm = _json_span("00000000000000a1", "chat fake-model", {
+        "gen_ai.operation.name": "chat", "gen_ai.request.model": "fake-model",
+        "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": "Add 2 and 3."}]}],
+        "gen_ai.output.messages": [{"role": "assistant", "parts": [
+            {"type": "tool_call", "id": "call_1", "name": "add", "arguments": '{"a": 2, "b": 3}'}]}]}, start=1)
+    http = _json_span("00000000000000a2", "POST", {"http.request.method": "POST",
+                                                   "url.full": f"{agl.url}/v1/chat/completions"},
+                      parent="00000000000000a1", start=2)
+    for batch in ([http], [llm]):
+        body = json.dumps(_json_request(batch, **{"agl.rollout.id": "http-span"})).encode()
+        assert _post(agl, body, JSON).status_code == 200
+    assert agl.finish("http-span")["transitions"] == 1
+    (t,) = agl.transitions("http-span")
+    assert t["token_source"] == "gateway" and t["span_id"] == "00000000000000a1"
+    assert t["prompt_token_ids"] == tokenize(render_prompt(fake.requests[0].body["messages"]))
+    assert t["response"]["tool_calls"][0]["function"]["name"] == "add"
