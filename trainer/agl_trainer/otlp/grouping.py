@@ -12,12 +12,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from agl_core import semconv
 from agl_core.schema import Span
-from agl_trainer.otlp.decode import Received
+from agl_trainer.otlp.decode import Received, amended
 
 __all__ = ["Group", "TraceRollouts", "group_spans"]
 
@@ -91,5 +91,5 @@ def group_spans(received: Iterable[Received], traces: TraceRollouts) -> tuple[di
         group = groups.get(ids[0])
         if group is None:
             group = groups[ids[0]] = Group(ids[0], ids[1], service=_named(item.resource, "service.name"))
-        group.spans.append(replace(span, rollout_id=ids[0]))
+        group.spans.append(amended(span, rollout_id=ids[0]))
     return groups, rejected

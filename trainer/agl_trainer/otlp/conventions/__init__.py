@@ -18,12 +18,12 @@ untrainable with the reason (:func:`map_span`), so the rollout's skipped list sa
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from typing import Any
 
 from agl_core import semconv
 from agl_core.schema import Span
 from agl_trainer.otlp.conventions import genai, openinference, openllmetry, pydantic_ai, vercel_ai
+from agl_trainer.otlp.decode import amended
 
 __all__ = ["AGL_CONVENTION", "CONVENTIONS", "map_span"]
 
@@ -55,7 +55,7 @@ def map_span(span: Span, scope: str) -> Span:
                 f"span {span.name!r} (scope {scope or 'unnamed'!r}) looks like a model call but is in no "
                 f"convention agl reads ({_KNOWN}): kept as it came, not trained")
     _reward(attrs)
-    return replace(span, attributes=attrs)
+    return amended(span, attributes=attrs)
 
 
 def _reward(attrs: dict[str, Any]) -> None:
