@@ -483,7 +483,9 @@ def _otlp_traces() -> Schema:
                           "400": answer("Not an ExportTraceServiceRequest in the encoding it says.", status),
                           "401": _error(401),
                           "413": answer("Over the server's body limit, as sent or once decompressed.", status),
-                          "415": answer("Not protobuf or JSON, or compressed otherwise than gzip.", status)}}
+                          "415": answer("Not protobuf or JSON, or compressed otherwise than gzip.", status),
+                          "501": answer("The server lacks opentelemetry-proto (pip install 'agl-trainer[otlp]').",
+                                        status)}}
 
 
 def _traceparent() -> Schema:

@@ -168,12 +168,12 @@ def _status(code: int, message: str, as_json: bool) -> Response:
     """The specification's error answer: a ``google.rpc.Status`` (its code is gRPC's: 3 invalid argument,
     8 resource exhausted, 12 unimplemented) in the request's encoding."""
     grpc_code = {400: 3, 413: 8, 415: 3, 501: 12}.get(code, 2)
+    try:
+        from google.rpc.status_pb2 import Status
+    except ImportError:  # googleapis-common-protos absent: the same Status in its JSON form
+        as_json = True
     if as_json:
         body = json.dumps({"code": grpc_code, "message": message}).encode()
         return Response(body, status_code=code, media_type=_JSON)
-    try:
-        from google.rpc.status_pb2 import Status
-    except ImportError:  # googleapis-common-protos absent: the message alone, as text
-        return Response(message, status_code=code, media_type="text/plain")
     return Response(Status(code=grpc_code, message=message).SerializeToString(), status_code=code,
                     media_type=PROTOBUF)
