@@ -125,41 +125,67 @@ def run_agl(rollouts: int, calls: int, clients: int) -> dict[str, Any]:
             "transitions_per_rollout": len(stored)}
 
 
-# Agent Lightning 0.3, run by --peer-python (its own venv): the same spans, its rollout naming and server.
+# Agent Lightning 0.3, run by --peer-python (its own venv): its store server (in-memory store, as
+# bench/store_throughput.py runs it) in a child process, the same spans under its resource attributes.
 _PEER = r'''
-import json, sys, time, threading, asyncio
+import asyncio, json, logging, multiprocessing as mp, socket, sys
 sys.path.insert(0, sys.argv[1])
 import httpx
 from otlp_ingest import encoded_rollouts, _send_all
-from agentlightning.store.memory import InMemoryLightningStore
-from agentlightning.store.client_server import LightningStoreServer
 
-rollouts, calls, clients = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-store = InMemoryLightningStore()
-server = LightningStoreServer(store, "127.0.0.1", 0)
-loop = asyncio.new_event_loop()
-threading.Thread(target=loop.run_forever, daemon=True).start()
-asyncio.run_coroutine_threadsafe(server.start(), loop).result(60)
-url = server.endpoint.rstrip("/")
-ids = []
-for i in range(rollouts):
-    attempted = asyncio.run_coroutine_threadsafe(store.start_rollout(input={"i": i}), loop).result(60)
-    ids.append((attempted.rollout_id, attempted.attempt.attempt_id))
-bodies = encoded_rollouts(rollouts, calls, lambda i: {"agentlightning.rollout_id": ids[i][0],
-                                                      "agentlightning.attempt_id": ids[i][1],
-                                                      "agentlightning.span_sequence_id": 0})
-def finish(client, i):
-    asyncio.run_coroutine_threadsafe(store.update_attempt(ids[i][0], ids[i][1], status="succeeded"), loop).result(60)
-elapsed = _send_all(url + "/v1/traces", bodies, clients, {"Content-Type": "application/x-protobuf"}, finish)
-stored = asyncio.run_coroutine_threadsafe(store.query_spans(ids[0][0]), loop).result(60)
-print(json.dumps({"spans_per_s": rollouts * (2 * calls + 1) / elapsed, "seconds": elapsed,
-                  "spans_of_first_rollout": len(stored)}))
+def serve(port, ready, stop):
+    from agentlightning.store.client_server import LightningStoreServer
+    from agentlightning.store.memory import InMemoryLightningStore
+    async def main():
+        server = LightningStoreServer(InMemoryLightningStore(), host="127.0.0.1", port=port)
+        await server.start()
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+        await server.stop()
+    asyncio.run(main())
+
+if __name__ == "__main__":
+    logging.disable(logging.WARNING)
+    rollouts, calls, clients = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    ctx = mp.get_context("fork")
+    ready, stop = ctx.Event(), ctx.Event()
+    server = ctx.Process(target=serve, args=(port, ready, stop))
+    server.start()
+    if not ready.wait(120):
+        raise SystemExit("Agent Lightning's store server did not start")
+    ids = []
+    with httpx.Client(timeout=60) as client:
+        for i in range(rollouts):
+            attempted = client.post(f"{url}/agl/rollouts", json={"input": {"i": i}}).json()
+            ids.append((attempted["rollout_id"], attempted["attempt"]["attempt_id"]))
+    bodies = encoded_rollouts(rollouts, calls, lambda i: {"agentlightning.rollout_id": ids[i][0],
+                                                          "agentlightning.attempt_id": ids[i][1]})
+    def finish(client, i):
+        reply = client.post(f"{url}/agl/rollouts/{ids[i][0]}/attempts/{ids[i][1]}", json={"status": "succeeded"})
+        assert reply.status_code == 200, reply.text
+    elapsed = _send_all(f"{url}/traces", bodies, clients, {"Content-Type": "application/x-protobuf"}, finish)
+    with httpx.Client(timeout=60) as client:
+        stored = client.get(f"{url}/agl/spans", params={"rollout_id": ids[0][0]}).json()
+    stop.set()
+    server.join(30)
+    print(json.dumps({"spans_per_s": rollouts * (2 * calls + 1) / elapsed, "seconds": elapsed,
+                      "spans_of_first_rollout": len(stored.get("items", stored))}))
 '''
 
 
 def run_peer(python: str, rollouts: int, calls: int, clients: int) -> dict[str, Any]:
-    done = subprocess.run([python, "-c", _PEER, os.path.dirname(os.path.abspath(__file__)), str(rollouts),
-                           str(calls), str(clients)], capture_output=True, text=True, timeout=1800)
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
+        script.write(_PEER)  # a file, not -c: its server process is forked from it
+    try:
+        done = subprocess.run([python, script.name, os.path.dirname(os.path.abspath(__file__)), str(rollouts),
+                               str(calls), str(clients)], capture_output=True, text=True, timeout=1800)
+    finally:
+        os.unlink(script.name)
     if done.returncode != 0:
         raise SystemExit(f"Agent Lightning 0.3's run failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
