@@ -57,7 +57,7 @@ def decode_protobuf(body: bytes) -> Decoded:
     request = _messages().ExportTraceServiceRequest()
     try:
         request.ParseFromString(body)
-    except (DecodeError, RuntimeWarning, ValueError) as exc:
+    except (DecodeError, ValueError) as exc:
         raise BadPayload(f"the body is not a protobuf ExportTraceServiceRequest: {exc}") from None
     return _spans(request)
 

@@ -28,6 +28,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from agl_core import semconv
 from agl_core.schema import Rollout
 from agl_trainer.otlp.conventions import AGL_CONVENTION, map_span
 from agl_trainer.otlp.decode import BadPayload, Decoded, Received, decode_json, decode_protobuf
@@ -106,7 +107,7 @@ class TracesReceiver:
         for group in groups.values():
             self._store(group)
             unknown = sum(1 for s in group.spans if s.attributes.get(AGL_CONVENTION) == "unknown"
-                          and "agl.untrainable" in s.attributes)
+                          and semconv.AGL_UNTRAINABLE in s.attributes)
             if unknown:
                 warnings.append(f"rollout {group.rollout_id}: {unknown} span(s) look like model calls in no "
                                 "convention agl reads; kept, not trained (see the rollout's skipped calls)")
