@@ -391,3 +391,20 @@ def test_gateway_ids_recorded_under_the_http_client_span_join_the_llm_call_above
     assert t["token_source"] == "gateway" and t["span_id"] == "00000000000000a1"
     assert t["prompt_token_ids"] == tokenize(render_prompt(fake.requests[0].body["messages"]))
     assert t["response"]["tool_calls"][0]["function"]["name"] == "add"
+
+
+def test_a_reward_posted_at_the_finish_is_final_over_one_that_came_on_a_span(agl: Agl) -> None:
+    chat = _json_span("00000000000000a1", "chat m", {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": "2+2?"}]}],
+        "gen_ai.output.messages": [{"role": "assistant", "parts": [{"type": "text", "content": "4"}]}]}, start=1)
+    early = _json_span("00000000000000a2", "score", {"agl.reward.value": 0.5}, start=5)
+    assert _post(agl, json.dumps(_json_request([chat, early], **{"agl.rollout.id": "two"})).encode(),
+                 JSON).status_code == 200
+    agl.finish("two", reward=1.0)
+    agl.finish("two", reward=1.0)  # the same post again (a retry): accepted, nothing doubled
+    (trajectory,) = agl.get("/v1/trajectories", rollout_id="two")["trajectories"]
+    assert trajectory["reward"] == 1.0 and trajectory["transitions"][0]["credited_reward"] == 1.0
+    rollout = agl.get("/v1/rollouts/two")
+    assert [r["value"] for r in rollout["rewards"]] == [0.5, 1.0]
+    assert sum(s["attributes"].get("agl.span.kind") == "reward" for s in rollout["spans"]) == 2
