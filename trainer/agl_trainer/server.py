@@ -82,7 +82,7 @@ from agl_trainer.dashboard import Dashboard
 from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
 from agl_trainer.otlp import TracesReceiver
-from agl_trainer.otlp.finish import settle_rewards, span_rewards
+from agl_trainer.otlp.finish import span_rewards
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
 from agl_trainer.resources import ResourceVersions
@@ -668,7 +668,7 @@ class TrainerServer:
             stored = self.store.get_rollout(rollout.id)
             if stored is not None:
                 rollout.spans = _merged(rollout.spans, stored, keep_stored=stored.status in _FINISHED)
-            settle_rewards(rollout)  # rewards posted without spans, or that came on spans alone (OTLP's)
+            span_rewards(rollout)  # rewards that came on spans alone (OTLP's agl.reward.value) are the rollout's
             if lease_id is None:
                 trajectory = self.builder.build(rollout)
                 self.store.put_rollout(rollout, trajectory)
