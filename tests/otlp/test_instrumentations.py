@@ -146,7 +146,8 @@ def test_openinference_langchain(agl: Agl, fake: FakeOpenAI, with_openai: bool) 
     assert transitions[0]["tools"][0]["function"]["name"] == "add"
 
 
-def test_pydantic_ai_builtin_instrumentation(agl: Agl, fake: FakeOpenAI) -> None:
+@pytest.mark.parametrize("version", [None, 2], ids=["default", "version-2"])
+def test_pydantic_ai_builtin_instrumentation(agl: Agl, fake: FakeOpenAI, version: int | None) -> None:
     from pydantic_ai import Agent
     from pydantic_ai.models.instrumented import InstrumentationSettings
     from pydantic_ai.models.openai import OpenAIChatModel
@@ -155,7 +156,8 @@ def test_pydantic_ai_builtin_instrumentation(agl: Agl, fake: FakeOpenAI) -> None
     provider = exporting_provider(agl, **{"agl.rollout.id": "pydantic-ai", "agl.task.id": "add-2-3"})
     model = OpenAIChatModel("fake-model", provider=OpenAIProvider(base_url=fake.url, api_key="x"))
     agent = Agent(model, name="calculator", instructions="Be brief.")
-    agent.instrument = InstrumentationSettings(tracer_provider=provider)  # its own instrumentation, on
+    versioned: dict[str, Any] = {} if version is None else {"version": version}
+    agent.instrument = InstrumentationSettings(tracer_provider=provider, **versioned)  # its own instrumentation
 
     @agent.tool_plain
     def add(a: int, b: int) -> int:
@@ -167,6 +169,9 @@ def test_pydantic_ai_builtin_instrumentation(agl: Agl, fake: FakeOpenAI) -> None
     finally:
         provider.shutdown()
     assert _conventions(agl, "pydantic-ai") == {"pydantic_ai"}
+    (tool,) = [s for s in agl.spans("pydantic-ai") if s["attributes"].get("gen_ai.operation.name") == "execute_tool"]
+    assert tool["attributes"]["gen_ai.tool.call.id"] == "call_1"
+    assert tool["attributes"]["gen_ai.tool.call.result"] == "5"
     _check(agl, fake, "pydantic-ai", "add-2-3", "calculator")
 
 

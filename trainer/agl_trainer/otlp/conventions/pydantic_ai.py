@@ -5,8 +5,9 @@ Its spans (scope ``pydantic-ai``) are GenAI spans (``chat {model}``, ``execute_t
 format, with three differences from agl's reading of it, mapped here: the system prompt is apart in
 ``gen_ai.system_instructions``; a tool's result is a ``tool_call_response`` part with ``result`` inside
 the *user* message that returns it (OpenAI sends it as a ``tool`` message); the model's reasoning is a
-``thinking`` part. Before its instrumentation version 2 the messages were span events; those go through
-:mod:`agl_trainer.otlp.conventions.genai`'s event forms.
+``thinking`` part. Its instrumentation version 2 (``InstrumentationSettings(version=2)``) names a tool's span
+``running tool`` with no operation and its arguments and result ``tool_arguments`` / ``tool_response``, and the
+agent's span ``agent run`` with ``agent_name``; versions 3 to 6 use the GenAI names.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def detect(span: Span, scope: str) -> bool:
 def attributes(span: Span) -> dict[str, Any]:
     a = span.attributes
     operation = a.get(semconv.GEN_AI_OPERATION_NAME)
-    if operation == semconv.OP_EXECUTE_TOOL:
-        out: dict[str, Any] = {}
+    if operation == semconv.OP_EXECUTE_TOOL or (operation is None and semconv.GEN_AI_TOOL_NAME in a):
+        out: dict[str, Any] = {semconv.GEN_AI_OPERATION_NAME: semconv.OP_EXECUTE_TOOL}  # version 2: "running tool"
         # instrumentation versions before 3 named the arguments and result their own way
         for old, new in (("tool_arguments", semconv.GEN_AI_TOOL_CALL_ARGUMENTS),
                          ("tool_response", semconv.GEN_AI_TOOL_CALL_RESULT)):
