@@ -1,5 +1,5 @@
 """A Node.js agent (the ``openai`` npm package, OpenInference's OpenTelemetry JS instrumentation, the JS SDK's
-OTLP/HTTP protobuf exporter) trained from its spans alone: agl only in the environment it is started with.
+OTLP/HTTP exporter, protobuf and JSON) trained from its spans alone: agl only in the environment it is started with.
 
 The npm packages (tests/otlp/node/package.json, exact versions) are installed from the npm registry in the
 test's set-up, into a folder under the system's temporary directory kept between runs.
@@ -39,9 +39,11 @@ def node_agent() -> Path:
     return folder
 
 
-def test_a_node_agent_exporting_otlp_is_trained_from_its_spans(agl: Agl, fake: FakeOpenAI, node_agent: Path) -> None:
-    env = {**os.environ, "MODEL_BASE_URL": fake.url,
-           "OTEL_EXPORTER_OTLP_ENDPOINT": agl.url, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+@pytest.mark.parametrize("protocol", ["http/protobuf", "http/json"])
+def test_a_node_agent_exporting_otlp_is_trained_from_its_spans(agl: Agl, fake: FakeOpenAI, node_agent: Path,
+                                                               protocol: str) -> None:
+    env = {**os.environ, "MODEL_BASE_URL": fake.url, "OTEL_TRACES_EXPORTER": "otlp",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": agl.url, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
            "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {TOKEN}",
            "OTEL_RESOURCE_ATTRIBUTES": "agl.rollout.id=node-1,agl.task.id=add-2-3",  # the one line
            "OTEL_SERVICE_NAME": "node-agent", "OTEL_TRACES_SAMPLER": "always_on"}

@@ -1,12 +1,12 @@
 // A Node agent with its own tool loop on the openai package, traced by OpenInference's instrumentation and
-// exported by the OpenTelemetry JS SDK's OTLP/HTTP protobuf exporter. It knows nothing of agl: the standard
-// OTEL_EXPORTER_OTLP_* variables send the spans to agl serve, OTEL_RESOURCE_ATTRIBUTES names the rollout.
+// exported by the OpenTelemetry JS SDK's own OTLP/HTTP exporter. It knows nothing of agl: the standard
+// OTEL_EXPORTER_OTLP_* variables send the spans to agl serve (OTEL_EXPORTER_OTLP_PROTOCOL picks protobuf or
+// JSON), OTEL_RESOURCE_ATTRIBUTES names the rollout.
 const { NodeSDK } = require("@opentelemetry/sdk-node");
-const { OTLPTraceExporter } = require("@opentelemetry/exporter-trace-otlp-proto");
 const { OpenAIInstrumentation } = require("@arizeai/openinference-instrumentation-openai");
 
 const instrumentation = new OpenAIInstrumentation();
-const sdk = new NodeSDK({ traceExporter: new OTLPTraceExporter(), instrumentations: [instrumentation] });
+const sdk = new NodeSDK({ instrumentations: [instrumentation] });  // the exporter: as the environment says
 sdk.start();
 const openai = require("openai");
 instrumentation.manuallyInstrument(openai);
