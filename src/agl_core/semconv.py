@@ -86,6 +86,8 @@ AGL_RESPONSE_TOKEN_IDS: Final = "agl.llm.response_token_ids"
 AGL_RESPONSE_LOGPROBS: Final = "agl.llm.response_logprobs"
 AGL_TOKEN_SOURCE: Final = "agl.llm.token_source"
 AGL_FROZEN_MODEL: Final = "agl.llm.frozen_model"
+AGL_POLICY: Final = "agl.llm.policy"  # several policies in one run: the one that answered this call
+AGL_POLICY_NOTE: Final = "agl.llm.policy_note"  # ... or why the base model did (its agent matched no policy)
 """The frozen model (a gateway upstream, not the policy) that answered this call: it is never a transition."""
 AGL_TOOL_STATUS: Final = "agl.tool.status"  # ok | error | exception | timeout | rejected | pending
 AGL_TOOL_CACHE_HIT: Final = "agl.tool.cache_hit"

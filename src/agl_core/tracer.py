@@ -48,11 +48,13 @@ class LightSpan(trace.Span):
     """A recording span with the fields ``collector.to_record`` reads (as the SDK's ``ReadableSpan`` has)."""
 
     __slots__ = ("name", "context", "parent", "kind", "attributes", "events", "status", "start_time", "end_time",
-                 "_buffer")
+                 "_buffer", "_up")
 
     def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
-                 attributes: dict[str, Any], buffer: RolloutBuffer | None, start_time: int) -> None:
+                 attributes: dict[str, Any], buffer: RolloutBuffer | None, start_time: int,
+                 up: trace.Span | None = None) -> None:
         self.name = name
+        self._up = up  # the span that was current when this one started: where agent_scope() looks next
         self.context = context
         self.parent = parent
         self.kind = kind
@@ -138,7 +140,8 @@ class LightTracer(trace.Tracer):
     ) -> LightSpan:
         from agl_core.collector import current_rollout
 
-        parent = trace.get_current_span(context).get_span_context()
+        current = trace.get_current_span(context)
+        parent = current.get_span_context()
         if parent.is_valid:
             ctx = SpanContext(parent.trace_id, _bits(64) or 1, False, _SAMPLED)
         else:
@@ -153,7 +156,8 @@ class LightTracer(trace.Tracer):
                 buffer = None
             else:
                 attrs[semconv.AGL_ROLLOUT_ID] = buffer.rollout_id
-        return LightSpan(name, ctx, parent, kind, attrs, buffer, start_time or time.time_ns())
+        return LightSpan(name, ctx, parent, kind, attrs, buffer, start_time or time.time_ns(),
+                         current if parent is not None else None)
 
     @contextmanager  # the API types this with its own private decorator, hence the ignore
     def start_as_current_span(  # type: ignore[override]
@@ -172,3 +176,20 @@ class LightTracer(trace.Tracer):
         with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
                             set_status_on_exception=set_status_on_exception) as current:
             yield current
+
+
+def agent_scope(span: trace.Span | None) -> str | None:
+    """The agent a span runs in: its own ``gen_ai.agent.name``, else that of the nearest span it started under.
+
+    The same answer the transition builder gives from the finished spans (the nearest ancestor naming an
+    agent), known while the call is still running, so a client can tell the gateway which agent calls.
+    """
+    hops = 0
+    while span is not None and hops < 256:
+        attributes = getattr(span, "attributes", None)
+        name = attributes.get(semconv.GEN_AI_AGENT_NAME) if isinstance(attributes, Mapping) else None
+        if isinstance(name, str) and name:
+            return name
+        span = getattr(span, "_up", None)
+        hops += 1
+    return None

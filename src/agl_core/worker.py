@@ -1,8 +1,11 @@
 """``agl worker``: lease tasks from an agl server, run the agent on each, post the rollouts.
 
     agl worker --server http://127.0.0.1:8000 --agent my_pkg.agent:solve -n 4
+    agl worker --server http://127.0.0.1:8000 --command "node agent.js"   # any language, a subprocess per task
 
-Each of ``-n`` slots leases a task, runs the user's agent (an
+With ``--command`` the agent is a program in any language, run once per task with
+``OPENAI_BASE_URL`` scoped to its rollout (:mod:`agl_core.command_agent` says what it is given and
+how it reports its reward). Otherwise each of ``-n`` slots leases a task, runs the user's agent (an
 ``@agl.rollout_fn`` function ``def solve(task) -> reward | None``, sync or
 async; a plain function is wrapped in one) as attempt ``n`` of that task, and
 the rollout context posts the rollout to the server (:class:`HttpStore`) with
@@ -316,8 +319,10 @@ class Worker:
     def __init__(
         self,
         server: str,
-        agent: Callable[..., Any] | str,
+        agent: Callable[..., Any] | str | None = None,
         *,
+        command: str | None = None,
+        command_timeout_s: float | None = None,
         token: str | None = None,
         concurrency: int = 1,
         worker_id: str | None = None,
@@ -341,12 +346,20 @@ class Worker:
         self._token = token
         self._policy: Policy | None = None
         self._frozen_said: set[str] = set()
-        if set_openai_env:
+        if set_openai_env and command is None:  # a command's subprocess gets its own, scoped to its rollout
             point_openai_at(self.url, token)
-        if instrument:
+        if instrument and command is None:
             from agl_core.instrumentation import instrument as instrument_all
 
             instrument_all()
+        if (agent is None) == (command is None):
+            raise ValueError("give the agent as --agent pkg.module:function or as --command 'node agent.js' "
+                             "(one of them)")
+        if command is not None:
+            from agl_core.command_agent import CommandAgent
+
+            agent = CommandAgent(command, self.url, token, timeout_s=command_timeout_s, set_openai_env=set_openai_env)
+        assert agent is not None
         fn = load_agent(agent) if isinstance(agent, str) else agent
         if not hasattr(fn, "last_run"):  # not an @agl.rollout_fn yet
             from agl_core.rollouts import rollout_fn
@@ -832,7 +845,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agl worker", description="Lease tasks from an agl server and run an agent "
                                 "on each, with the server's gateway as the agent's OpenAI endpoint.")
     p.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--agent", required=True, help="the agent function, as pkg.module:function")
+    p.add_argument("--agent", help="the agent function, as pkg.module:function")
+    p.add_argument("--command", help="or the agent as a command line run once per task, in any language "
+                   "(see agl_core.command_agent), e.g. 'node agent.js'")
+    p.add_argument("--command-timeout", type=float, help="seconds one run of --command may take before it is killed")
     p.add_argument("-n", "--concurrency", type=int, default=1, help="rollouts at a time")
     p.add_argument("--token", default=os.environ.get("AGL_TOKEN"), help="the server's bearer token ($AGL_TOKEN)")
     p.add_argument("--worker-id", help="name for this worker in the server's records")
@@ -854,6 +870,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if args.ray:
+        if args.agent is None:
+            print("agl worker: --ray runs an --agent function; --command runs on this machine", file=sys.stderr)
+            return 2
         options = {"worker_id": args.worker_id, "lease_timeout": args.lease_timeout, "grace_s": args.grace,
                    "max_tasks": args.max_tasks, "idle_exit_s": args.idle_exit, "poll_s": args.poll,
                    "set_openai_env": not args.no_gateway_env}
@@ -862,10 +881,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agl worker: done on Ray: {stats}", flush=True)
         return 0
     try:
-        worker = Worker(args.server, args.agent, token=args.token, concurrency=args.concurrency,
-                        worker_id=args.worker_id, lease_timeout=args.lease_timeout, grace_s=args.grace,
-                        max_tasks=args.max_tasks, idle_exit_s=args.idle_exit, poll_s=args.poll,
-                        set_openai_env=not args.no_gateway_env)
+        worker = Worker(args.server, args.agent, command=args.command, command_timeout_s=args.command_timeout,
+                        token=args.token, concurrency=args.concurrency, worker_id=args.worker_id,
+                        lease_timeout=args.lease_timeout, grace_s=args.grace, max_tasks=args.max_tasks,
+                        idle_exit_s=args.idle_exit, poll_s=args.poll, set_openai_env=not args.no_gateway_env)
     except ValueError as exc:
         print(f"agl worker: {exc}", file=sys.stderr)
         return 2

@@ -711,3 +711,38 @@ def test_list_content_reaches_the_prompt_as_sent(exporter: InMemorySpanExporter,
     span = _only_span(exporter)
     (t,) = TransitionBuilder().build_from_spans([collector.to_record(span)], rollout_id="r", task_id="t").transitions
     assert t.prompt == _AS_SENT
+
+
+# --------------------------------------------------------------------------- the agent scope header
+
+
+def _agent_header(srv: FakeOpenAI, **kwargs: Any) -> str | None:
+    _client(srv).chat.completions.create(model="m", messages=USER, **kwargs)
+    return srv.requests[-1].headers.get("x-agl-agent")
+
+
+def test_a_call_in_an_agent_scope_names_its_agent_to_the_gateway(server: FakeOpenAI) -> None:
+    """agl's own tracer (no provider of the user's): the nearest span above the call that names an agent."""
+    plugin = OpenAIInstrumentor()
+    if plugin.is_instrumented_by_opentelemetry:
+        plugin.uninstrument()
+    plugin.instrument(skip_dep_check=True)
+    try:
+        assert _agent_header(server) is None  # no agent scope: no header
+        tracer = collector.tracer()
+        with tracer.start_as_current_span("invoke_agent writer", attributes={semconv.GEN_AI_AGENT_NAME: "writer"}):
+            with tracer.start_as_current_span("step"):  # a span between the agent and its call
+                assert _agent_header(server) == "writer"
+            with tracer.start_as_current_span("invoke_agent vérif", attributes={semconv.GEN_AI_AGENT_NAME: "vérif/2"}):
+                assert _agent_header(server) == "v%C3%A9rif%2F2"  # percent-encoded: a header is ASCII
+            mine = {"X-Agl-Agent": "judge"}
+            assert _agent_header(server, extra_headers=mine) == "judge" and mine == {"X-Agl-Agent": "judge"}
+    finally:
+        plugin.uninstrument()
+
+
+def test_under_a_users_provider_the_span_a_call_starts_under_names_the_agent(
+        exporter: InMemorySpanExporter, server: FakeOpenAI) -> None:
+    with collector.tracer().start_as_current_span("chat", attributes={semconv.GEN_AI_AGENT_NAME: "checker"}):
+        assert _agent_header(server) == "checker"
+    assert _agent_header(server) is None

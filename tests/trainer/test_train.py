@@ -88,7 +88,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["--set", "algorithm.row_mode=rows"],
      "config error: algorithm.row_mode: 'rows' is not one of: transition, trajectory"),
     (["--set", "algorithm.rowmode=transition"],
-     "config error: algorithm.rowmode: unknown key (did you mean row_mode?); allowed: clip_epsilon, "
+     "config error: algorithm.rowmode: unknown key (did you mean row_mode?); allowed: name, clip_epsilon, "
      "clip_epsilon_high, kl_coef, lr, weight_decay, max_grad_norm, row_mode, max_prompt_length, max_response_length, "
      "scale_advantages, temperature"),
     (["--set", "backend.name=jax"], "config error: backend.name: 'jax' is not one of: torch, verl"),

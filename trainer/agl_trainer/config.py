@@ -14,6 +14,7 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       device: cpu
       lora: {r: 8, alpha: 16}    # optional; needs peft (the default above lora_above_params: docs/memory.md)
     algorithm:
+      name: grpo                 # grpo | apo (a prompt resource searched for instead: the apo section, docs/apo.md)
       clip_epsilon: 0.2
       kl_coef: 0.0
       lr: 1.0e-5
@@ -24,6 +25,9 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       method: final              # final | discounted | custom
       gamma: 1.0
     agent_match: "writer|rewriter"  # a regex searched in the agent name ("write": write_query and rewrite_query)
+    policies:                    # instead of agent_match: several policies, each agent role its own LoRA adapter
+      writer: {agents: "writer|rewriter", lora: {r: 16}}   # (docs/multi-policy.md; lora: backend.lora's default)
+      checker: {agents: "checker"}
     air: {tool_error: -0.1, tool_exception: -0.1}   # custom: my_pkg.rewards:tool_said_error, (span) -> reward | None
     workers: {count: 4}          # or {count: 8, ray: "auto"}; count 0: run `agl worker` yourself
     server: {host: 127.0.0.1, port: 0, db: agl.db}    # or {url: "http://host:8000", token: ...}
@@ -32,6 +36,8 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
       path: val.jsonl
       every: 10
       sampling: {temperature: 0.0}   # the gateway samples validation calls so (greedy by default)
+    resources: {system_prompt: "You are ..."}   # what the agent reads (agl.resources()); apo's first prompt
+    apo: {optimizer: {base_url: ..., model: ...}, beam_width: 2, rounds: 3}   # algorithm.name: apo (docs/apo.md)
 
 Relative paths (``data.path``, ``validation.path``, ``backend.model``, ``server.db``, ``run.dir``, ...) are
 taken from the config file's folder. ``--set a.b=c`` overrides one key (the value is
@@ -64,7 +70,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 
 __all__ = [
-    "AirConfig", "AlgorithmConfig", "BackendConfig", "Config", "ConfigError", "CreditConfig", "DataConfig",
+    "AirConfig", "AlgorithmConfig", "ApoConfig", "ApoOptimizerConfig", "BackendConfig", "Config", "ConfigError",
+    "CreditConfig", "DataConfig",
     "LoraConfig", "RunConfig", "ServerSection", "ValidationConfig", "ValidationSampling", "VerlConfig",
     "VllmLoraConfig", "WorkersConfig", "apply_overrides", "code_builder", "load_config", "load_tasks",
     "load_validation_tasks", "transition_builder",
@@ -105,6 +112,15 @@ class LoraConfig(_Section):
     alpha: PosInt = 16
     dropout: Annotated[Float, Field(ge=0.0, lt=1.0)] = 0.0
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class PolicyConfig(_Section):
+    """One of several policies (``policies: {NAME: ...}``): the agents it serves and trains, its LoRA adapter."""
+
+    agents: Annotated[str, Field(min_length=1)]
+    """Regex searched in the agent name, as ``agent_match`` (the first policy in order that matches serves it)."""
+    lora: LoraConfig | None = None
+    """This policy's adapter; None: ``backend.lora``, else the defaults."""
 
 
 class VerlConfig(_Section):
@@ -172,6 +188,9 @@ class BackendConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
+    name: Literal["grpo", "apo"] = "grpo"
+    """grpo: LightningRL on the model's weights; apo: beam search over a prompt resource (``apo`` section,
+    docs/apo.md), no weights trained."""
     clip_epsilon: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
     clip_epsilon_high: Annotated[Float, Field(gt=0.0)] | None = None
     """The ratio's upper clip (DAPO's clip-higher); None: ``clip_epsilon``."""
@@ -277,23 +296,76 @@ class ValidationConfig(_Section):
     sampling: ValidationSampling = Field(default_factory=ValidationSampling)
 
 
+class ApoOptimizerConfig(_Section):
+    """The model that critiques and edits the prompt: any OpenAI-compatible chat endpoint."""
+
+    base_url: Annotated[str, Field(pattern=r"^https?://")]
+    """Its OpenAI base URL, ending in ``/v1``."""
+    model: Annotated[str, Field(min_length=1)]
+    api_key_env: str | None = None
+    """The environment variable holding its API key (None: no key sent)."""
+    temperature: Annotated[Float, Field(ge=0.0)] = 1.0
+    max_tokens: PosInt = 1024
+    """Most tokens of one reply (also capped at what ``apo.max_optimizer_tokens`` leaves)."""
+    timeout_s: Annotated[Float, Field(gt=0.0)] = 120.0
+    retries: Annotated[int, Strict(), Field(ge=0)] = 3
+    """Tries after the first of a failed call (unreachable, 429, 5xx, unreadable reply), then reported."""
+    backoff_s: Annotated[Float, Field(ge=0.0)] = 1.0
+    """Wait before the first retry; doubled each time."""
+
+
+class ApoConfig(_Section):
+    """``algorithm.name: apo``: beam search over versions of one prompt resource (docs/apo.md)."""
+
+    resource: Annotated[str, Field(min_length=1)] = "system_prompt"
+    """The resource optimised; its first value is ``resources.<resource>``."""
+    optimizer: ApoOptimizerConfig
+    beam_width: PosInt = 2
+    edits_per_candidate: PosInt = 2
+    """Edited prompts asked for per beam candidate and round (one optimiser call each, after its critique)."""
+    batch_size: PosInt = 4
+    """Training tasks each candidate runs per round (the next ones of ``data.path``); their failures are critiqued."""
+    success_reward: Float = 1.0
+    """A rollout whose final reward is below this is a failure the optimiser sees."""
+    max_examples: PosInt = 3
+    """Failing rollouts shown per critique (the lowest rewards first)."""
+    rounds: PosInt = 3
+    max_rollouts: PosInt | None = None
+    """All rollouts of the run, training and validation; a batch that would go past it is not started."""
+    max_optimizer_tokens: PosInt | None = None
+    """All optimiser tokens (its replies' ``usage.total_tokens``); a call starts only while what is left is at
+    least the largest call so far."""
+    gateway_model: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    """An OpenAI base URL the agent's model is reached at through agl's gateway (workers point the agent's
+    OpenAI clients at it, calls recorded with their tokens); None: the agent calls its own model itself."""
+    gateway_api_key_env: str | None = None
+
+
 class Config(_Section):
     """One training run, as ``agl train`` reads it."""
 
     data: DataConfig
     agent: Annotated[str, Field(pattern=_AGENT)]
-    backend: BackendConfig
+    backend: BackendConfig | None = None
+    """Required but with ``algorithm.name: apo``, which loads no model."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     credit: CreditConfig = Field(default_factory=CreditConfig)
     agent_match: str | None = None
     """Regex searched in the agent names whose LLM calls are trained (``re.search``, Agent Lightning's semantics:
     ``write`` selects ``write_query`` and ``rewrite_query``; ``^writer$`` one name); None: every call."""
+    policies: dict[str, PolicyConfig] | None = None
+    """Several policies in one run, each agent role its own LoRA adapter on the shared base (docs/multi-policy.md);
+    ``agent_match`` is the one-policy shorthand, and the two do not go together."""
     air: AirConfig = Field(default_factory=AirConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     server: ServerSection = Field(default_factory=ServerSection)
     run: RunConfig = Field(default_factory=RunConfig)
     validation: ValidationConfig | None = None
     """A held-out set run at the start and every ``validation.every`` steps (None: no validation)."""
+    resources: dict[str, Any] = Field(default_factory=dict)
+    """What the agent reads (``agl.resources()``); with ``algorithm.name: apo`` the server's first version."""
+    apo: ApoConfig | None = None
+    """With ``algorithm.name: apo``: what it optimises and how (docs/apo.md)."""
 
     base_dir: str = Field(default=".", exclude=True)
     """The config file's folder: relative paths are taken from here (not a key of the file)."""
@@ -392,6 +464,9 @@ def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:
         config = Config.model_validate({**raw, "base_dir": base_dir})
     except ValidationError as exc:
         errors = [_explain(e) for e in exc.errors(include_url=False)]
+        algorithm = raw.get("algorithm")
+        if "backend" not in raw and not (isinstance(algorithm, dict) and algorithm.get("name") == "apo"):
+            errors.append(ConfigError("backend", "is required, and missing"))  # optional for apo alone
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
     _cross_check(config)
     return config
@@ -399,6 +474,18 @@ def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:
 
 def _cross_check(config: Config) -> None:
     """What one key's type cannot say alone."""
+    if config.algorithm.name == "apo" and config.policies is not None:
+        raise ConfigError("policies", "train model weights, one LoRA adapter each; algorithm.name apo changes a "
+                          "prompt and trains no weights: drop policies, or use algorithm.name grpo")
+    if config.algorithm.name == "apo":
+        from agl_trainer.apo import check_apo_config
+
+        check_apo_config(config)
+        return
+    if config.apo is not None:
+        raise ConfigError("apo", f"is only used with algorithm.name: apo, not {config.algorithm.name}")
+    if config.backend is None:
+        raise ConfigError("backend", "is required, and missing")
     credit = config.credit
     if credit.method == "custom" and credit.function is None:
         raise ConfigError("credit.function", "required with credit.method: custom (pkg.module:function)")
@@ -410,6 +497,8 @@ def _cross_check(config: Config) -> None:
         except re.error as exc:
             raise ConfigError("agent_match", f"{config.agent_match!r} is not a valid regular expression: {exc}"
                               ) from None
+    if config.policies is not None:
+        _check_policies(config)
     if config.algorithm.temperature is None:
         raise ConfigError("algorithm.temperature", "must be a number: with null each call would sample at the "
                           "temperature its agent asked for, while the trainer computes its logprobs at one "
@@ -442,11 +531,37 @@ def _cross_check(config: Config) -> None:
                           "validation (backend.verl.overrides: data.val_files=..., trainer.test_freq=N)")
 
 
+def _check_policies(config: Config) -> None:
+    policies = config.policies or {}
+    if config.agent_match is not None:
+        raise ConfigError("policies", f"and agent_match ({config.agent_match!r}) both select the trained agents: "
+                          "with policies each policy's agents regex selects its own; drop agent_match (or drop "
+                          "policies and train one policy)")
+    if not policies:
+        raise ConfigError("policies", "is empty: name at least one policy ({NAME: {agents: REGEX}}), or leave it out")
+    for name, policy in policies.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+            raise ConfigError(f"policies.{name}", "a policy's name names its LoRA adapter and the model it is "
+                              "served as: letters, digits, '_', '.', '-' only, at most 64, starting with a letter or "
+                              "digit")
+        try:
+            re.compile(policy.agents)
+        except re.error as exc:
+            raise ConfigError(f"policies.{name}.agents", f"{policy.agents!r} is not a valid regular expression: "
+                              f"{exc}") from None
+    if config.backend.name != "torch":
+        raise ConfigError("policies", f"are trained by the torch backend (an adapter each on one base); "
+                          f"backend.name is {config.backend.name}")
+    if config.server.url is not None:
+        raise ConfigError("policies", "need the server agl train starts (its gateway routes each agent to its "
+                          "policy); leave server.url out")
+
+
 def check(config: Config) -> None:
     """The files and modules the config names exist: the data sets load, the model folder, the agent's module."""
     load_tasks(config)
     load_validation_tasks(config)
-    if config.backend.name == "torch":
+    if config.backend is not None and config.backend.name == "torch":
         model = config.path(config.backend.model)
         if not os.path.isdir(model):
             raise ConfigError("backend.model", f"no such folder: {model} (the torch backend needs a local "
@@ -488,6 +603,8 @@ def transition_builder(config: Config, code: Any = None) -> Any:
     kwargs: dict[str, Any] = {"air": AirRules(**rules), "credit": credit, "gamma": config.credit.gamma}
     if config.agent_match is not None:
         kwargs["agent_match"] = config.agent_match
+    if config.policies:  # every policy's agents are trained (each by its own policy)
+        kwargs["agent_match"] = "|".join(f"(?:{p.agents})" for p in config.policies.values())
     ours = TransitionBuilder(**kwargs)
     try:
         return merge_builders(code, ours, names=(f"the agent's @agl.rollout_fn builder ({config.agent})",
@@ -623,13 +740,20 @@ def _unwrap(annotation: Any) -> list[Any]:
 
 def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
     model: type[BaseModel] | None = Config
+    values: type[BaseModel] | None = None  # the model of a mapping's values (``policies: {NAME: ...}``)
     for part in loc:
+        if values is not None:  # ``part`` is a key of the mapping
+            model, values = values, None
+            continue
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
-        found = [t for t in _unwrap(model.model_fields[part].annotation)
-                 if isinstance(t, type) and issubclass(t, BaseModel)]
+        kinds = _unwrap(model.model_fields[part].annotation)
+        found = [t for t in kinds if isinstance(t, type) and issubclass(t, BaseModel)]
+        mapped = [v for t in kinds if typing.get_origin(t) is dict for v in typing.get_args(t)[1:]
+                  if isinstance(v, type) and issubclass(v, BaseModel)]
         model = found[0] if found else None
-    return model
+        values = mapped[0] if mapped else None
+    return None if values is not None else model
 
 
 def _annotation(loc: Sequence[Any]) -> Any:

@@ -37,6 +37,10 @@ answers them (``prompt_token_ids``, per-choice ``token_ids``, per-token
   A trainer in the same process can instead train the very model the engine serves
   (:meth:`agl_trainer.torch_backend.TorchBackend.engine`: one set of weights): it holds
   :meth:`TorchEngine.paused` while it updates them and then calls :meth:`TorchEngine.serve_version`.
+- **Several policies** (``adapters``, :mod:`agl_trainer.policies`): a peft model holding one LoRA
+  adapter per policy serves a call for ``model`` NAME from adapter NAME, and a call for its own
+  ``name`` from the base (every adapter switched off). A batch holds one adapter's calls only; the
+  reply names the model that answered.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ class _Row:
     version: int = 0
     cancelled: bool = False
     """Set from the event loop when the agent went away; the engine drops the row at its next step."""
+    adapter: str | None = None
+    """The LoRA adapter that generates this row (an engine with ``adapters``); None: the model as it is."""
 
     def emit(self, kind: str, a: Any = None, b: Any = None) -> None:
         try:
@@ -98,11 +104,19 @@ class TorchEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "policy", device: str | None = None,
                  max_batch: int = 8, batch_wait_s: float = 0.005, default_max_tokens: int = 256,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, adapters: Sequence[str] = ()) -> None:
         import torch
 
         self.torch = torch
         self.model = model
+        self.adapters = list(adapters)
+        """LoRA adapters of a peft ``model`` served by name; the engine's own ``name`` is then the base."""
+        held = getattr(model, "peft_config", None)
+        unknown = [a for a in self.adapters if not isinstance(held, dict) or a not in held]
+        if unknown:
+            raise ValueError(f"adapters {unknown}: the model holds no LoRA adapter of that name")
+        if name in self.adapters:
+            raise ValueError(f"the engine's name {name!r} is the base model's: an adapter may not have it")
         self.tokenizer = tokenizer
         self.name = name
         self.device = torch.device(device) if device else next(model.parameters()).device
@@ -128,6 +142,7 @@ class TorchEngine:
             self._generator.manual_seed(seed)
         self._lock = threading.Lock()  # held while a batch generates, and while weights are swapped
         self._requests: queue.Queue[_Row | None] = queue.Queue()
+        self._next: _Row | None = None  # a row of another adapter than the batch it arrived for: the next batch's
         self._thread = threading.Thread(target=self._run, name="agl-torch-engine", daemon=True)
         self._thread.start()
 
@@ -218,7 +233,12 @@ class TorchEngine:
     # ------------------------------------------------------------------ backend
 
     async def models(self) -> list[str]:
-        return [self.name]
+        return [self.name, *self.adapters]
+
+    def _served(self, body: dict[str, Any]) -> str:
+        """The model that answers ``body``: its adapter when it asks for one, else the engine's own name."""
+        asked = body.get("model")
+        return asked if isinstance(asked, str) and asked in self.adapters else self.name
 
     async def aclose(self) -> None:
         self._requests.put(None)
@@ -248,7 +268,7 @@ class TorchEngine:
         out: dict[str, Any] = {
             "id": f"{'chatcmpl' if endpoint == 'chat/completions' else 'cmpl'}-{uuid.uuid4().hex}",
             "object": "chat.completion" if endpoint == "chat/completions" else "text_completion",
-            "created": int(time.time()), "model": self.name, "choices": choices,
+            "created": int(time.time()), "model": self._served(body), "choices": choices,
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
                       "total_tokens": len(prompt_ids) + completion_tokens},
         }
@@ -287,6 +307,7 @@ class TorchEngine:
         stop = body.get("stop") or []
         loop = asyncio.get_running_loop()
         seed = body.get("seed")
+        adapter = body.get("model") if self.adapters and body.get("model") in self.adapters else None
         rows = []
         for i in range(body.get("n") or 1):
             rows.append(_Row(
@@ -294,7 +315,8 @@ class TorchEngine:
                 temperature=float(body["temperature"]) if body.get("temperature") is not None else 1.0,
                 top_p=float(body["top_p"]) if body.get("top_p") is not None else 1.0,
                 top_k=int(body.get("top_k") or 0), seed=None if seed is None else seed + i,
-                stop=[stop] if isinstance(stop, str) else list(stop), loop=loop, events=asyncio.Queue()))
+                stop=[stop] if isinstance(stop, str) else list(stop), loop=loop, events=asyncio.Queue(),
+                adapter=adapter))
         return rows, prompt_ids
 
     def _chat_prompt(self, body: dict[str, Any]) -> list[int]:
@@ -368,7 +390,7 @@ class TorchEngine:
         splitter = _StreamSplitter(row.stop, tools=chat and bool(body.get("tools")))
         base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-                "model": self.name}
+                "model": self._served(body)}
 
         def chunk(delta: dict[str, Any], ids: list[int], lps: list[float], finish: str | None = None,
                   first: bool = False) -> dict[str, Any]:
@@ -418,7 +440,7 @@ class TorchEngine:
 
     def _run(self) -> None:
         while True:
-            row = self._requests.get()
+            row, self._next = (self._next, None) if self._next is not None else (self._requests.get(), None)
             if row is None:
                 return
             if row.cancelled:
@@ -437,17 +459,33 @@ class TorchEngine:
                 if more.cancelled:
                     self._drop(more)
                     continue
+                if more.adapter != row.adapter:  # one adapter per batch: this one starts the next
+                    self._next = more
+                    break
                 batch.append(more)
             try:
                 with self._lock:
                     self.batches.append(len(batch))
-                    self._generate(batch)
+                    with self._adapter(row.adapter):
+                        self._generate(batch)
             except Exception as exc:  # noqa: BLE001 - every waiting request must hear of it
                 logger.exception("agl torch engine: generation failed")
                 for r in batch:
                     if r.finish_reason is None:
                         r.finish_reason = f"{type(exc).__name__}: {exc}"
                         r.emit("error")
+
+    @contextlib.contextmanager
+    def _adapter(self, name: str | None) -> Iterator[None]:
+        """Generate from adapter ``name`` (None with ``adapters``: the base, every adapter off); held lock."""
+        if not self.adapters:
+            yield
+        elif name is None:
+            with self.model.disable_adapter():
+                yield
+        else:
+            self.model.set_adapter(name)
+            yield
 
     def _drop(self, row: _Row) -> None:
         """A row whose agent went away: it generates no more (and frees its place in the batch)."""

@@ -1,7 +1,9 @@
 """The OpenAI-compatible gateway in front of the model being trained, recording exact token ids per call.
 
 Routes: ``POST /v1/chat/completions`` (plain and streamed), ``POST /v1/completions``
-(plain and streamed), ``GET /v1/models``. Behind it sits a :class:`Backend`: an
+(plain and streamed), ``GET /v1/models``; a call scoped to a rollout (``/rollouts/{id}/v1``, or
+the ``X-Agl-Rollout-Id`` header) is also handed to its :class:`CallWatch`
+(:mod:`agl_trainer.rollout_calls`). Behind it sits a :class:`Backend`: an
 OpenAI-compatible server that returns token ids the way vLLM does
 (:class:`OpenAIBackend`: ``vllm serve``, verl's async servers, agl's fake), or
 the built-in torch engine (:mod:`agl_trainer.engine`).
@@ -46,6 +48,11 @@ event) leaves. Streaming keeps the ids: they are read chunk by chunk.
   agent's reply carries token ids and logprobs only when the agent asked for
   them itself, so the agent sees the reply it would get from the backend.
 - With ``n > 1`` only the first choice is recorded: one request is one transition.
+- **Several policies** (``policies``, a :class:`~agl_trainer.policies.PolicyRouter`): the call's
+  ``X-Agl-Agent`` header (sent by agl's instrumented client) names its agent, and the call goes to
+  the backend as ``model`` = that agent's policy (an adapter of the torch engine, a LoRA name of
+  vLLM); an agent no policy serves goes to the base model. Either way the record says so, and the
+  join writes it on the call's span (``agl.llm.policy``, or ``agl.llm.policy_note`` for the base).
 
 **What is never recorded.** The backend's reply must be JSON a store can keep:
 ``NaN``/``Infinity`` anywhere or a lone surrogate in its text makes the reply a
@@ -64,6 +71,7 @@ import json
 import logging
 import math
 import time
+import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -85,8 +93,9 @@ from agl_trainer.api import (
 from agl_trainer.token_records import TokenRecord, TokenRecords, parse_traceparent
 from agl_trainer.upstream import Upstream
 
-__all__ = ["MAX_TOKEN_ID", "Backend", "BackendError", "BackendReply", "Chunks", "Gateway", "GatewayConfig",
-           "OpenAIBackend", "route_key", "sampling_mismatch", "training_sampling"]
+__all__ = ["AGENT_HEADER", "MAX_TOKEN_ID", "Backend", "BackendError", "BackendReply", "CallWatch", "Chunks", "Gateway",
+           "GatewayConfig", "OpenAIBackend", "agent_from_header", "route_key", "sampling_mismatch",
+           "training_sampling"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -96,6 +105,8 @@ Chunks = AsyncGenerator[dict[str, Any], None]
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 MAX_TOKEN_ID = 2**31 - 1
 """The largest token id the gateway records (no vocabulary comes near it; a bigger one is a broken reply)."""
+AGENT_HEADER = "x-agl-agent"
+"""The header in which agl's instrumented client names the agent scope of a call (percent-encoded)."""
 route_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("agl_route_key", default=None)
 """The trace id of the call the backend is answering (None: it sent no ``traceparent``): one per rollout,
 so a backend over several replicas (:class:`~agl_trainer.replicas.ReplicaBackend`) keeps a rollout on one."""
@@ -266,6 +277,8 @@ class GatewayConfig:
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     ask_token_ids: bool = True
     """Ask the backend for ``return_token_ids`` (vLLM >= 0.10.2, the torch engine); off for others."""
+    policies: Any = None
+    """A :class:`~agl_trainer.policies.PolicyRouter`: each call answered by its agent's policy; None: one policy."""
 
     def __post_init__(self) -> None:
         if self.model_rule not in ("override", "strict", "passthrough"):
@@ -309,6 +322,13 @@ _NOT_SAMPLING = frozenset({"messages", "prompt", "model", "stream", "tools", "to
 
 
 # --------------------------------------------------------------------------- validation
+
+
+def agent_from_header(value: str | None) -> str | None:
+    """The agent an ``X-Agl-Agent`` header value names (percent-decoded); None when absent or empty."""
+    if not value:
+        return None
+    return urllib.parse.unquote(value).strip() or None
 
 
 def _check_type(body: Mapping[str, Any], name: str, kinds: tuple[type, ...], what: str) -> None:
@@ -480,14 +500,17 @@ class _Ids:
             elif ids:
                 self.logprobs = None  # a chunk's logprobs did not line up with its ids: keep none rather than wrong
 
-    def record(self, model: str | None, version: int) -> TokenRecord | None:
+    def record(self, model: str | None, version: int, route: Any = None) -> TokenRecord | None:
         if self.prompt is None or not self.saw_response:
             return None
         logprobs = self.logprobs
         if logprobs is not None and (len(logprobs) != len(self.response)
                                      or not all(isinstance(v, (int, float)) for v in logprobs)):
             logprobs = None
-        return TokenRecord(self.prompt, self.response, logprobs, model, version, time.time())
+        record = TokenRecord(self.prompt, self.response, logprobs, model, version, time.time())
+        if route is not None:
+            record.policy, record.policy_note = route.policy, route.note
+        return record
 
 
 def _strip(data: dict[str, Any], keep_ids: bool, keep_logprobs: bool) -> None:
@@ -508,6 +531,19 @@ def _strip(data: dict[str, Any], keep_ids: bool, keep_logprobs: bool) -> None:
 # --------------------------------------------------------------------------- the gateway
 
 
+class CallWatch(Protocol):
+    """What keeps a rollout-scoped call (:mod:`agl_trainer.rollout_calls`): fed its reply or chunks, then its record."""
+
+    rollout_id: str
+
+    def add(self, data: dict[str, Any]) -> None: ...
+
+    def done(self, record: TokenRecord | None) -> None: ...
+
+
+Capture = Callable[[Request, Endpoint, dict[str, Any], Any], Awaitable[CallWatch | None]]
+
+
 class Gateway:
     """The gateway's routes over one backend, recording into ``records``."""
 
@@ -525,6 +561,8 @@ class Gateway:
         self.frozen_calls = 0
         self.recorded = 0
         self.abandoned = 0  # calls whose agent went away before the answer
+        self.capture: Capture | None = None
+        """Per policy call: its :class:`CallWatch` when it is scoped to a rollout (the server sets it), else None."""
 
     def routes(self) -> list[Route]:
         return [
@@ -565,11 +603,14 @@ class Gateway:
         for frozen in self._frozen.values():
             await frozen.aclose()
 
-    async def _upstream(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
+    async def _upstream(self, endpoint: Endpoint, body: dict[str, Any], policy: str | None = None
+                        ) -> dict[str, Any]:
         config = self.config
         upstream = {**config.sampling_defaults, **body, **config.sampling_overrides} \
             if config.sampling_defaults or config.sampling_overrides else dict(body)
-        if config.model_rule != "passthrough" or "model" not in upstream:
+        if policy is not None:
+            upstream["model"] = policy  # the agent's policy: its adapter (torch engine) or LoRA name (vLLM)
+        elif config.model_rule != "passthrough" or "model" not in upstream:
             served = await self.served_model()
             asked = body.get("model")
             if asked is not None and asked != served:
@@ -603,18 +644,23 @@ class Gateway:
             frozen = self._frozen.get(body.get("model"))  # type: ignore[arg-type]
             if frozen is not None:
                 return await self._relay_frozen(request, frozen, endpoint, body, key)
-        if key is None:
+        watch = await self.capture(request, endpoint, body, key) if self.capture is not None else None
+        if key is None and watch is None:
             self.records.unkeyed += 1
-        route_key.set(key[0] if key is not None else None)  # this request's own context: Starlette's task
+        # this request's own context: Starlette's task
+        route_key.set(key[0] if key is not None else watch.rollout_id if watch is not None else None)
         keep_ids = body.get("return_token_ids") is True
         keep_logprobs = wants_logprobs(body.get("logprobs"))
+        route = None
+        if self.config.policies is not None:
+            route = self.config.policies.route(agent_from_header(request.headers.get(AGENT_HEADER)))
         try:
-            upstream = await self._upstream(endpoint, body)
+            upstream = await self._upstream(endpoint, body, route.policy if route is not None else None)
             if body.get("stream") is True:
                 opened = await self.backend.stream(endpoint, upstream)
                 if isinstance(opened, BackendReply):
                     return _relay_error(opened)
-                return StreamingResponse(self._events(opened, endpoint, key, keep_ids, keep_logprobs),
+                return StreamingResponse(self._events(opened, endpoint, key, keep_ids, keep_logprobs, watch, route),
                                          media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             reply = await _unless_gone(request, self.backend.complete(endpoint, upstream))
@@ -629,6 +675,8 @@ class Gateway:
         ids = _Ids(endpoint)
         try:
             ids.add(data)  # before anything is recorded or answered: a bad value is a 502, never a record
+            if watch is not None:
+                watch.add(data)
             if not (keep_ids and keep_logprobs):
                 _strip(data, keep_ids, keep_logprobs)
             answer = _dumps(data)
@@ -636,12 +684,20 @@ class Gateway:
             raise ApiError(exc.status, exc.message) from None
         except ValueError as exc:  # a backend in this process (the engine) answered a value JSON cannot carry
             raise ApiError(502, f"the model backend's reply is refused: {exc} (nothing was recorded)") from None
-        if key is not None:
-            record = ids.record(data.get("model"), self.model_version())
-            if record is not None:
-                self.records.put(key, record)
-                self.recorded += 1
+        self._keep(ids, data.get("model"), key, watch, route)
         return Response(answer, media_type="application/json")
+
+    def _keep(self, ids: _Ids, model: str | None, key: Any, watch: CallWatch | None, route: Any = None) -> None:
+        """Record an answered call's ids under its traceparent (with the policy that answered it, when there are
+        several), and hand the call to its rollout's watch."""
+        if key is None and watch is None:
+            return
+        record = ids.record(model, self.model_version(), route)
+        if key is not None and record is not None:
+            self.records.put(key, record)
+            self.recorded += 1
+        if watch is not None:
+            watch.done(record)
 
     async def _relay_frozen(self, request: Request, frozen: OpenAIBackend, endpoint: Endpoint,
                             body: dict[str, Any], key: Any) -> Response:
@@ -683,7 +739,8 @@ class Gateway:
             self.records.put(key, TokenRecord([], [], None, name, self.model_version(), time.time(), frozen=name))
 
     async def _events(self, chunks: Chunks, endpoint: Endpoint, key: Any,
-                      keep_ids: bool, keep_logprobs: bool) -> AsyncIterator[bytes]:
+                      keep_ids: bool, keep_logprobs: bool, watch: CallWatch | None = None,
+                      route: Any = None) -> AsyncIterator[bytes]:
         ids = _Ids(endpoint)
         model = None
         try:
@@ -691,6 +748,8 @@ class Gateway:
                 if not isinstance(chunk, dict):
                     continue
                 ids.add(chunk)
+                if watch is not None:
+                    watch.add(chunk)
                 model = model or chunk.get("model")
                 if not (keep_ids and keep_logprobs):
                     _strip(chunk, keep_ids, keep_logprobs)
@@ -706,11 +765,7 @@ class Gateway:
             return
         finally:
             await chunks.aclose()
-        if key is not None:
-            record = ids.record(model, self.model_version())
-            if record is not None:
-                self.records.put(key, record)  # before [DONE]: the rollout may be posted right after it
-                self.recorded += 1
+        self._keep(ids, model, key, watch, route)  # before [DONE]: the rollout may be posted right after it
         yield b"data: [DONE]\n\n"
 
 

@@ -445,11 +445,25 @@ def _paths() -> dict[str, Any]:
         },
         "/v1/traces": {"post": _otlp_traces()},
         "/v1/chat/completions": {"post": _op(
-            "OpenAI chat completions through the gateway, recording the call's token ids by traceparent.",
+            "OpenAI chat completions through the gateway, recording the call's token ids by traceparent (and, with "
+            "X-Agl-Rollout-Id, as a call of that open rollout).",
             {200: {"description": "The backend's reply (a JSON object, or server-sent events with stream=true).",
                    "content": {"application/json": {"schema": _COMPLETION_REPLY},
                                "text/event-stream": {"schema": {}}}}},
-            body=_body(_CHAT_REQUEST), params=[_traceparent()], errors=(502, 504))},
+            body=_body(_CHAT_REQUEST), params=[_traceparent(), _rollout_header()], errors=(404, 409, 502, 504))},
+        "/rollouts/{rollout_id}/v1/chat/completions": {"post": _op(
+            "OpenAI chat completions scoped to an open rollout (gateway-only capture): each answered call is one "
+            "of its transitions, in order, with the gateway's token ids; 404 for a rollout never opened, 409 for "
+            "a finished one.",
+            {200: {"description": "The backend's reply (a JSON object, or server-sent events with stream=true).",
+                   "content": {"application/json": {"schema": _COMPLETION_REPLY},
+                               "text/event-stream": {"schema": {}}}}},
+            body=_body(_CHAT_REQUEST), params=[_rollout_path(), _traceparent(), _rollout_header()],
+            errors=(404, 409, 502, 504))},
+        "/rollouts/{rollout_id}/v1/models": {"get": _op(
+            "The served model, at the rollout-scoped base URL.",
+            {200: _json(_obj({"object": _STRING, "data": {"type": "array", "items": {"type": "object"}}},
+                             ("object", "data")))}, params=[_rollout_path()], errors=(400, 502, 504))},
         "/v1/completions": {"post": _op(
             "OpenAI text completions through the gateway, recording the call's token ids by traceparent.",
             {200: {"description": "The backend's reply (a JSON object, or server-sent events with stream=true).",
@@ -486,6 +500,19 @@ def _otlp_traces() -> Schema:
                           "415": answer("Not protobuf or JSON, or compressed otherwise than gzip.", status),
                           "501": answer("The server lacks opentelemetry-proto (pip install 'agl-trainer[otlp]').",
                                         status)}}
+
+
+_ROLLOUT_ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"}
+
+
+def _rollout_path() -> Schema:
+    return {"name": "rollout_id", "in": "path", "required": True, "schema": _ROLLOUT_ID,
+            "description": "An open rollout (stored with status running): its calls become its transitions."}
+
+
+def _rollout_header() -> Schema:
+    return {"name": "X-Agl-Rollout-Id", "in": "header", "required": False, "schema": _ROLLOUT_ID,
+            "description": "The open rollout this call belongs to, as the base URL /rollouts/{rollout_id}/v1 says."}
 
 
 def _traceparent() -> Schema:

@@ -36,6 +36,8 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``: the gateway (:mod:`agl_trainer.gateway`).
 - ``POST /v1/traces``: OTLP/HTTP in (protobuf or JSON): spans of any instrumentation, mapped from their
   convention and grouped into rollouts (:mod:`agl_trainer.otlp`).
+- ``/rollouts/{rollout_id}/v1/chat/completions``, ``/rollouts/{rollout_id}/v1/models``: the gateway scoped
+  to one open rollout, whose calls become its transitions (:mod:`agl_trainer.rollout_calls`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
 - ``/`` and ``/dashboard``: the dashboard (:mod:`agl_trainer.dashboard`), with ``GET /v1/stats``.
 
@@ -86,6 +88,7 @@ from agl_trainer.otlp.finish import span_rewards
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
 from agl_trainer.resources import ResourceVersions
+from agl_trainer.rollout_calls import RolloutCalls, adopt_calls
 from agl_trainer.token_records import MAX_MODEL_VERSION, MAX_VERSION_STEP, TokenRecords, keep_joined
 
 __all__ = ["MAX_MODEL_VERSION", "MAX_VERSION_STEP", "ServerConfig", "ServerThread", "TrainerServer", "check_bind",
@@ -261,6 +264,8 @@ class TrainerServer:
         self.backend = backend
         self.gateway = Gateway(backend, self.records, config.gateway, model_version=lambda: self.model.version,
                                max_body_bytes=config.max_body_bytes)
+        self.rollout_calls = RolloutCalls(self.store, None if memory else config.db_path)  # /rollouts/{id}/v1
+        self.gateway.capture = self.rollout_calls.capture
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue_event: asyncio.Event | None = None
         # one rollout at a time per stripe: a post and an added span read, merge and write it whole
@@ -274,6 +279,7 @@ class TrainerServer:
     def _build_app(self) -> ASGIApp:
         routes = [
             *self.gateway.routes(),  # first: the hot path matches at once
+            *self.rollout_calls.routes(self.gateway.chat_completions, self.gateway.list_models),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/openapi.json", _openapi, methods=["GET"]),
             Route("/v1/tasks", self.enqueue, methods=["POST"]),
@@ -332,12 +338,14 @@ class TrainerServer:
                 await sweeper
             self.queue.on_change = None
             await run_in_threadpool(self.records.flush)  # a signal may end the process right after this
+            await run_in_threadpool(self.rollout_calls.flush)
             await self.backend.aclose()
             await self.gateway.aclose()
 
     def close(self) -> None:
         """Release the store, queue and records (the app must have stopped)."""
         self.records.close()
+        self.rollout_calls.close()
         self.queue.close()
         self.model.close()
         self._metrics.close()
@@ -664,10 +672,11 @@ class TrainerServer:
                         "status": rollout.status, "already_stored": True,
                         "transitions": len(self.store.transitions(rollout_id=rollout.id))}
         with self._rollout_lock(rollout.id):
-            rollout.spans, keys = self.records.join(rollout.spans)
+            rollout.spans, keys = self.records.join(self.rollout_calls.spans_of(rollout))
             stored = self.store.get_rollout(rollout.id)
             if stored is not None:
                 rollout.spans = _merged(rollout.spans, stored, keep_stored=stored.status in _FINISHED)
+            rollout.spans = adopt_calls(rollout.spans)  # a gateway call under the span that saw it: one transition
             span_rewards(rollout)  # rewards that came on spans alone (OTLP's agl.reward.value) are the rollout's
             if lease_id is None:
                 trajectory = self.builder.build(rollout)
@@ -688,6 +697,7 @@ class TrainerServer:
                     rollout.metadata.setdefault("agl.group_id", lease.group_id)
                     trajectory = self.builder.build(rollout)
                     self.store.put_rollout(rollout, trajectory)
+            self.rollout_calls.stored(rollout)
         self.records.forget(keys)
         return _summary(rollout, trajectory, len(keys))
 
@@ -703,7 +713,7 @@ class TrainerServer:
                 raise LookupError(rollout_id)
             joined, keys = self.records.join(spans)
             known = {s.span_id for s in stored.spans}
-            stored.spans = _merged(joined, stored, keep_stored=True)
+            stored.spans = adopt_calls(_merged(joined, stored, keep_stored=True))
             if stored.status == "running":  # a finished rollout's rewards are final
                 span_rewards(stored)
             trajectory = self.builder.build(stored)

@@ -82,16 +82,25 @@ class TokenRecord:
     created: float
     frozen: str | None = None
     """The frozen model that answered (a gateway upstream): no ids, and the call is not trained."""
+    policy: str | None = None
+    """With several policies (:mod:`agl_trainer.policies`): the policy that answered; None: the base model."""
+    policy_note: str | None = None
+    """Why the base model answered a call of a run with several policies (its agent matched none)."""
 
     def to_json(self) -> str:
-        fields = [self.prompt_token_ids, self.response_token_ids, self.response_logprobs, self.model,
-                  self.model_version, self.created]
-        return json.dumps(fields if self.frozen is None else [*fields, self.frozen], separators=(",", ":"))
+        fields: list[Any] = [self.prompt_token_ids, self.response_token_ids, self.response_logprobs, self.model,
+                             self.model_version, self.created]
+        if self.policy is not None or self.policy_note is not None:
+            fields += [self.frozen, self.policy, self.policy_note]
+        elif self.frozen is not None:
+            fields.append(self.frozen)
+        return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> TokenRecord:
-        prompt, response, logprobs, model, version, created, *frozen = json.loads(text)
-        return cls(prompt, response, logprobs, model, version, created, frozen[0] if frozen else None)
+        prompt, response, logprobs, model, version, created, *rest = json.loads(text)
+        rest += [None] * (3 - len(rest))
+        return cls(prompt, response, logprobs, model, version, created, rest[0], rest[1], rest[2])
 
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS trainer_token_records (
@@ -298,11 +307,16 @@ def _patched(span: Span, record: TokenRecord) -> Span:
         attrs.pop(semconv.AGL_RESPONSE_LOGPROBS, None)  # never pair our ids with another source's logprobs
     attrs[semconv.AGL_TOKEN_SOURCE] = "gateway"
     attrs[MODEL_VERSION_ATTRIBUTE] = record.model_version
+    if record.policy is not None:
+        attrs[semconv.AGL_POLICY] = record.policy
+    if record.policy_note is not None:
+        attrs[semconv.AGL_POLICY_NOTE] = record.policy_note
     return replace(span, attributes=attrs)
 
 
 _JOINED = (semconv.AGL_PROMPT_TOKEN_IDS, semconv.AGL_RESPONSE_TOKEN_IDS, semconv.AGL_RESPONSE_LOGPROBS,
-           semconv.AGL_TOKEN_SOURCE, MODEL_VERSION_ATTRIBUTE, semconv.AGL_FROZEN_MODEL)
+           semconv.AGL_TOKEN_SOURCE, MODEL_VERSION_ATTRIBUTE, semconv.AGL_FROZEN_MODEL, semconv.AGL_POLICY,
+           semconv.AGL_POLICY_NOTE)
 
 
 def _was_joined(span: Span) -> bool:

@@ -108,11 +108,16 @@ class TorchBackend:
     """Trains ``model`` (a Hugging Face causal LM) on :class:`~agl_trainer.rows.Row` batches."""
 
     def __init__(self, model: Any, config: TorchConfig | None = None, *, device: str | None = None,
-                 pad_id: int = 0) -> None:
+                 pad_id: int = 0, adapter: str | None = None) -> None:
         import torch
 
         self.torch = torch
         self.config = config or TorchConfig()
+        self.adapter = adapter
+        """One named LoRA adapter of a peft ``model`` that holds several (:mod:`agl_trainer.policies`): only it
+        trains, it is switched on for every forward of this backend, and checkpoints hold it alone."""
+        if adapter is not None:
+            self._check_adapter(model, adapter)
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.pad_id = pad_id
         if not self.config.temperature > 0:
@@ -120,16 +125,16 @@ class TorchBackend:
         model = model.to(self.device)
         n_params = sum(p.numel() for p in model.parameters())
         above = self.config.lora_above_params
-        if self.config.lora is None and above is not None and n_params > above:
+        if self.config.lora is None and above is not None and n_params > above and adapter is None:
             self.config.lora = LoraOptions()
             logger.info("agl: %.2fB parameters, above lora_above_params (%.2fB): training LoRA adapters %s",
                         n_params / 1e9, above / 1e9, asdict(self.config.lora))
         self.ref_model: Any = None
-        if self.config.kl_coef > 0 and self.config.lora is None:
+        if self.config.kl_coef > 0 and self.config.lora is None and adapter is None:
             self.ref_model = copy.deepcopy(model).eval()  # full fine-tuning moves the base: the reference is a copy
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
-        if self.config.gradient_checkpointing:
+        if self.config.gradient_checkpointing and adapter is None:  # an adapter's model was set up by its owner
             if getattr(model, "supports_gradient_checkpointing", False):
                 enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5's name
                 if enable is not None:
@@ -139,16 +144,38 @@ class TorchBackend:
             else:
                 logger.warning("agl: %s does not support gradient checkpointing; training without it",
                                type(model).__name__)
-        if self.config.lora is not None:
+        if self.config.lora is not None and adapter is None:
             model = _with_lora(model, self.config.lora)
         self.model = model
         self.model.train()
         self.shared_engine: Any = None
         """The :class:`~agl_trainer.engine.TorchEngine` that serves :attr:`model` itself (:meth:`engine`)."""
-        self.master = MasterWeights([p for p in self.model.parameters() if p.requires_grad])
+        self.master = MasterWeights(self._trainable())
         self.optimizer = _adamw(self.master.parameters, self.config)
         self.step = 0
         self.version = 0
+
+    def _trainable(self) -> list[Any]:
+        if self.adapter is None:
+            return [p for p in self.model.parameters() if p.requires_grad]
+        return [p for _, p in self._adapter_parameters()]
+
+    def _adapter_parameters(self) -> list[tuple[str, Any]]:
+        """This backend's adapter's own parameters, by their names in the peft model."""
+        marks = (f".lora_A.{self.adapter}.", f".lora_B.{self.adapter}.")
+        return [(n, p) for n, p in self.model.named_parameters() if any(m in n for m in marks)]
+
+    @staticmethod
+    def _check_adapter(model: Any, adapter: str) -> None:
+        adapters = getattr(model, "peft_config", None)
+        if not isinstance(adapters, dict) or adapter not in adapters:
+            raise ValueError(f"adapter {adapter!r}: the model holds no LoRA adapter of that name "
+                             f"(it holds {sorted(adapters) if isinstance(adapters, dict) else 'none'})")
+
+    def use_adapter(self) -> None:
+        """Make this backend's adapter the active one (peft also makes it alone trainable); no-op without one."""
+        if self.adapter is not None:
+            self.model.set_adapter(self.adapter)
 
     # ------------------------------------------------------------------ update
 
@@ -159,6 +186,7 @@ class TorchBackend:
         if not rows:
             return {"rows": 0.0}
         with self._holding_engine():
+            self.use_adapter()  # the engine may have served another adapter last; it is paused now
             return self._update(rows, started)
 
     @contextlib.contextmanager
@@ -295,8 +323,9 @@ class TorchBackend:
 
     def serving_state_dict(self) -> dict[str, Any]:
         """The weights to serve, under the plain model's names (LoRA adapters merged in)."""
-        if self.config.lora is None:
+        if self.config.lora is None and self.adapter is None:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
+        self.use_adapter()
         return _merged_lora_state(self.model)
 
     def engine(self, tokenizer: Any, **kwargs: Any) -> Any:
@@ -333,14 +362,23 @@ class TorchBackend:
 
         Only with LoRA: full fine-tuning has no adapter to write (:class:`ValueError`).
         """
-        if self.config.lora is None:
+        if self.config.lora is None and self.adapter is None:
             raise ValueError("no LoRA adapters to write: this backend fine-tunes every weight (TorchConfig.lora)")
         self.version = self.step if version is None else version
         tmp = f"{os.fspath(folder)}.tmp"
-        self.model.save_pretrained(tmp)  # peft: the adapters alone, under peft's names
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        if self.adapter is None:
+            self.model.save_pretrained(tmp)  # peft: the adapters alone, under peft's names
+            written = tmp
+        else:  # peft writes an adapter other than "default" into a folder of its name
+            self.model.save_pretrained(tmp, selected_adapters=[self.adapter])
+            written = tmp if self.adapter == "default" else os.path.join(tmp, self.adapter)
         if os.path.exists(folder):
             shutil.rmtree(folder)
-        os.replace(tmp, folder)  # whole, or not there: a reader never sees half an adapter
+        os.replace(written, folder)  # whole, or not there: a reader never sees half an adapter
+        if written != tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
         return os.fspath(folder)
 
     def memory(self) -> dict[str, int]:
@@ -385,7 +423,7 @@ class TorchBackend:
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, "trainer.pt")
         tmp = path + ".tmp"
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        torch.save({"model": self._model_state(), "optimizer": self.optimizer.state_dict(),
                     "master": self.master.state_dict(), "step": self.step, "version": self.version,
                     "rng": torch.get_rng_state(), "config": json.dumps(asdict(self.config))}, tmp)
         os.replace(tmp, path)
@@ -400,7 +438,10 @@ class TorchBackend:
         """Resume from :meth:`save`'s checkpoint in ``folder``; returns its ``extra`` (empty when none)."""
         torch = self.torch
         state = torch.load(os.path.join(folder, "trainer.pt"), map_location=self.device, weights_only=True)
-        self.model.load_state_dict(state["model"])
+        if self.adapter is None:
+            self.model.load_state_dict(state["model"])
+        else:
+            self._load_adapter_state(state["model"], folder)
         self.master.load_state_dict(state.get("master"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
@@ -416,6 +457,22 @@ class TorchBackend:
     @staticmethod
     def has_checkpoint(folder: str | os.PathLike[str]) -> bool:
         return os.path.exists(os.path.join(folder, "trainer.pt"))
+
+    def _model_state(self) -> dict[str, Any]:
+        if self.adapter is None:
+            return dict(self.model.state_dict())
+        return {n: p.detach() for n, p in self._adapter_parameters()}  # the shared base is not this one's to save
+
+    def _load_adapter_state(self, saved: dict[str, Any], folder: str | os.PathLike[str]) -> None:
+        torch = self.torch
+        own = dict(self._adapter_parameters())
+        if set(saved) != set(own):
+            missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+            raise ValueError(f"the checkpoint in {folder} is not adapter {self.adapter!r} of this model: "
+                             f"missing {missing[:3]}, unexpected {extra[:3]}")
+        with torch.no_grad():
+            for name, param in own.items():
+                param.copy_(saved[name].to(device=param.device, dtype=param.dtype))
 
 
 def _adamw(params: list[Any], config: TorchConfig) -> Any:

@@ -83,6 +83,11 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
+    if config.algorithm.name == "apo":  # no model trained: a prompt searched for (docs/apo.md)
+        from agl_trainer.apo import apo_command
+
+        apo_command(config, check=check, progress=not quiet)
+        return
     if check:
         try:
             tasks = load_tasks(config)
@@ -154,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
     """Start what ``config`` asks for, train ``run.steps`` steps (or resume to it), stop it all; see the module."""
+    assert config.backend is not None, "algorithm.name apo runs agl_trainer.apo.run_apo"
     if config.backend.name == "verl":
         from agl_trainer.verl_backend import launch
 
@@ -286,6 +292,10 @@ def _torch_backend(config: Config) -> tuple[Any, Any]:
                           logit_chunk_tokens=b.logit_chunk_tokens,
                           temperature=float(a.temperature or 1.0))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    if config.policies:
+        from agl_trainer.policies import MultiPolicyBackend, policies_of
+
+        return MultiPolicyBackend(model, policies_of(config), options, device=b.device, pad_id=pad), tokenizer
     return TorchBackend(model, options, device=b.device, pad_id=pad), tokenizer
 
 
@@ -321,7 +331,8 @@ def _local_server(config: Config, builder: Any, token: str | None, tokenizer: An
                                  lease_timeout_s=config.server.lease_timeout_s, builder=builder,
                                  builder_source="agl train (its config and the agent's @agl.rollout_fn builder)",
                                  gateway=GatewayConfig(sampling_overrides=overrides,
-                                                       upstreams=dict(config.server.upstreams)))
+                                                       upstreams=dict(config.server.upstreams),
+                                                       policies=getattr(backend, "router", None)))
     server = TrainerServer(server_config, engine)
     return _Local(server, ServerThread(server).start()), engine
 
@@ -334,6 +345,8 @@ def _vllm_server(config: Config, builder: Any, token: str | None, backend: Any, 
 
     v = config.backend.vllm
     assert v is not None
+    if config.policies:
+        return _vllm_policies_server(config, builder, token, backend, folder)
     if backend.config.lora is None:
         raise ConfigError("backend.lora", "backend.vllm serves the policy as a LoRA adapter, and this model would be "
                           "fully fine-tuned: set backend.lora (r, alpha, target_modules)")
@@ -352,6 +365,34 @@ def _vllm_server(config: Config, builder: Any, token: str | None, backend: Any, 
     os.makedirs(adapters_dir, exist_ok=True)
     link = VllmLoraLink(server, VllmAdapters(v.url, v.lora_name, api_key=v.api_key), adapters_dir)
     return _Local(server, ServerThread(server).start()), link
+
+
+def _vllm_policies_server(config: Config, builder: Any, token: str | None, backend: Any, folder: str
+                          ) -> tuple[_Local, Any]:
+    """As :func:`_vllm_server`, with each policy's adapter served by vLLM under the policy's name."""
+    from agl_trainer.gateway import GatewayConfig, OpenAIBackend, training_sampling
+    from agl_trainer.server import ServerConfig, ServerThread, TrainerServer, check_bind
+    from agl_trainer.vllm_lora import VllmAdapters, VllmPoliciesLink
+
+    v = config.backend.vllm
+    assert v is not None
+    try:
+        check_bind(config.server.host, token)
+    except ValueError as exc:
+        raise ConfigError("server.token", str(exc)) from None
+    overrides = training_sampling(float(config.algorithm.temperature or 1.0))
+    gateway = GatewayConfig(sampling_overrides=overrides, upstreams=dict(config.server.upstreams),
+                            policies=backend.router)
+    server_config = ServerConfig(db_path=config.path(config.server.db), host=config.server.host,
+                                 port=config.server.port, token=token, max_attempts=config.server.max_attempts,
+                                 lease_timeout_s=config.server.lease_timeout_s, builder=builder,
+                                 builder_source="agl train (its config and the agent's @agl.rollout_fn builder)",
+                                 gateway=gateway)
+    server = TrainerServer(server_config, OpenAIBackend(v.url, v.api_key))
+    adapters_dir = config.path(v.adapters_dir) if v.adapters_dir else os.path.join(folder, "adapters")
+    os.makedirs(adapters_dir, exist_ok=True)
+    adapters = {name: VllmAdapters(v.url, name, api_key=v.api_key) for name in backend.names}
+    return _Local(server, ServerThread(server).start()), VllmPoliciesLink(server, adapters, adapters_dir)
 
 
 class _Workers:
@@ -453,9 +494,16 @@ def step_line(r: Any, steps: int, elapsed: float) -> str:
     grad = f"{m['grad_norm']:7.4f}" if "grad_norm" in m else "      -"
     trained = f"{int(m.get('transitions_trained', 0))}/{r.transitions}"
     groups = f"{int(m.get('flat_groups', 0))}/{int(m.get('groups', 0))}"
-    return (f"step {r.step:>4}/{steps} [{'#' * filled}{'.' * (width - filled)}] reward {r.reward:6.3f} "
+    line = (f"step {r.step:>4}/{steps} [{'#' * filled}{'.' * (width - filled)}] reward {r.reward:6.3f} "
             f"loss {m.get('loss', 0.0):7.4f} grad {grad} trained {trained} transitions, {groups} groups "
             f"without spread {r.rollouts_per_s:5.1f} rollouts/s {elapsed:5.0f} s")
+    policies = sorted({k.split("/")[1] for k in m if k.startswith("policy/") and k.count("/") == 2})
+    for name in policies:  # several policies: each one's own reward and update
+        p = f"policy/{name}/"
+        line += (f" | {name}: reward {m.get(p + 'reward', 0.0):.3f} loss {m.get(p + 'loss', 0.0):.4f} "
+                 f"kl {m.get(p + 'approx_kl', 0.0):.4f} ratio {m.get(p + 'ratio_mean', 1.0):.3f}"
+                 f"{'' if m.get(p + 'rows') else ' (no step)'}")
+    return line
 
 
 class _Progress:

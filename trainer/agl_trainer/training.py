@@ -52,6 +52,7 @@ from typing import Any, Protocol
 from agl_core.credit import Credit
 from agl_core.schema import Trajectory
 from agl_trainer.advantages import AdvantageStats, ScoredRollout, compute_advantages
+from agl_trainer.policies import MultiPolicyBackend
 from agl_trainer.rows import Row, RowMode, RowStats, build_rows
 from agl_trainer.server import TrainerServer
 from agl_trainer.signal_health import SignalBounds, batch_signal, nothing_trained, signal_warnings, warning_flags
@@ -402,8 +403,8 @@ class Trainer:
     ``backend`` holds the copy being trained.
     """
 
-    def __init__(self, server: TrainerServer | ServerLink, backend: TorchBackend, engine: Any, tasks: Sequence[Any],
-                 config: TrainConfig | None = None) -> None:
+    def __init__(self, server: TrainerServer | ServerLink, backend: TorchBackend | MultiPolicyBackend, engine: Any,
+                 tasks: Sequence[Any], config: TrainConfig | None = None) -> None:
         if not tasks:
             raise ValueError("tasks is empty: nothing to train on")
         self.link: ServerLink = LocalServer(server, engine) if isinstance(server, TrainerServer) else server
@@ -465,9 +466,12 @@ class Trainer:
         batch = score_batch(trajectories, cfg)
         adv_stats, rows, row_stats = batch.advantage_stats, batch.rows, batch.row_stats
         self.last_batch = batch
-        metrics = self.backend.update(rows) if rows else {}
-        if not rows:
-            self.backend.step += 1  # nothing to learn from (every group flat or empty): the step still counts
+        if isinstance(self.backend, MultiPolicyBackend):  # each policy scored and stepped on its own calls
+            metrics = self.backend.update_policies(trajectories, lambda share: score_batch(share, cfg))
+        else:
+            metrics = self.backend.update(rows) if rows else {}
+            if not rows:
+                self.backend.step += 1  # nothing to learn from (every group flat or empty): the step still counts
         version = self.publish()
         finals = [t.reward for t in trajectories if t.reward is not None]
         rollout_s = collected - started
@@ -602,7 +606,7 @@ class Trainer:
     def resume(self) -> bool:
         """Load the checkpoint in ``checkpoint_dir`` when there is one, and serve its weights; True if loaded."""
         folder = self.config.checkpoint_dir
-        if folder is None or not TorchBackend.has_checkpoint(folder):
+        if folder is None or not self.backend.has_checkpoint(folder):
             return False
         extra = self.backend.load(folder)
         self.history = [StepResult.from_dict(r) for r in extra.get("history", [])]
@@ -624,6 +628,10 @@ def write_curves(folder: str | os.PathLike[str], history: Sequence[StepResult], 
                                "final reward": [r.final_reward for r in history]}
     if validations:
         rewards["validation reward"] = ([v.step for v in validations], [v.reward for v in validations])
+    policies = dict.fromkeys(k.split("/")[1] for r in history for k in r.metrics
+                             if k.startswith("policy/") and k.endswith("/reward"))
+    for name in policies:  # several policies: each one's calls, credited
+        rewards[f"policy {name}"] = [r.metrics.get(f"policy/{name}/reward", 0.0) for r in history]
     write_curve(reward, steps, rewards,
                 title=title or "agl train: mean reward per rollout", target=target, ylabel="mean per rollout")
     loss = os.path.join(folder, "loss_curve.png")

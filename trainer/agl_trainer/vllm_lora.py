@@ -27,7 +27,7 @@ from typing import Any
 
 from agl_trainer.training import LocalServer
 
-__all__ = ["VllmAdapters", "VllmLoraLink"]
+__all__ = ["VllmAdapters", "VllmLoraLink", "VllmPoliciesLink"]
 
 logger = logging.getLogger("agl.trainer")
 _VERSION = re.compile(r"v\d+")
@@ -104,4 +104,28 @@ class VllmLoraLink(LocalServer):
             if _VERSION.fullmatch(name) and name != f"v{version}":
                 shutil.rmtree(os.path.join(self.folder, name), ignore_errors=True)
         logger.info("agl train: vLLM serves adapter v%d as %r (%s)", version, self.adapters.name, path)
+        return version
+
+
+class VllmPoliciesLink(LocalServer):
+    """Several policies on vLLM (:mod:`agl_trainer.policies`): after each step every policy's adapter is loaded
+    under the policy's own name (``adapters_dir/<policy>/v{version}``), the name the gateway calls it by."""
+
+    def __init__(self, server: Any, adapters: dict[str, VllmAdapters], folder: str) -> None:
+        super().__init__(server, engine=None)
+        self.adapters = adapters
+        self.folder = folder
+
+    def publish(self, backend: Any) -> int:
+        version = max(self.server.model.version + 1, backend.step)
+        backend.version = version
+        for name, adapters in self.adapters.items():
+            folder = os.path.join(self.folder, name)
+            path = backend.backends[name].save_adapter(os.path.join(folder, f"v{version}"), version)
+            adapters.load(path)
+            for old in os.listdir(folder):
+                if _VERSION.fullmatch(old) and old != f"v{version}":
+                    shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+            logger.info("agl train: vLLM serves policy %r's adapter v%d (%s)", name, version, path)
+        self.server.model.set(version, self.folder)
         return version

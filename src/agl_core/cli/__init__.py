@@ -4,7 +4,7 @@
     agl traces list | show ROLLOUT                    rollouts of a store, and one as a tree (agl-core)
     agl export --format jsonl|parquet|hf OUT          transitions for SFT or offline RL elsewhere (agl-core)
     agl doctor                                        plugins, frameworks, provider, gateway (agl-core)
-    agl serve | demo | train                          the trainer's commands (agl-trainer)
+    agl serve | demo | train | apo show               the trainer's commands (agl-trainer)
 
 ``agl --help`` lists the commands from the table below without importing any of
 them, so it never pays for agl-trainer, torch or a framework; a command's module
@@ -31,6 +31,8 @@ class _Entry(NamedTuple):
 
 
 COMMANDS: dict[str, _Entry] = {
+    "apo": _Entry("agl_trainer.apo_view:apo", "agl-trainer",
+                  "Show a prompt optimisation run: candidates, critiques, scores, the winner."),
     "demo": _Entry("agl_trainer.cli:demo", "agl-trainer", "Train a LangChain agent with RL on this CPU, in minutes."),
     "doctor": _Entry("agl_core.cli.doctor:doctor", "agl-core",
                      "Plugins, framework versions, tracer provider, gateway and what would be captured."),

@@ -282,6 +282,11 @@ def _llm_label(call: list[Span], transition: Transition | None, skipped: str | N
     plugins = [str(s.attributes[semconv.AGL_PLUGIN]) for s in call if s.attributes.get(semconv.AGL_PLUGIN)]
     if plugins:
         label.append(f" [{'+'.join(dict.fromkeys(plugins))}]", style="dim")
+    policy, note = first(semconv.AGL_POLICY), first(semconv.AGL_POLICY_NOTE)
+    if policy is not None:  # a run of several policies: the one that answered
+        label.append(f"  policy {policy}", style="bold cyan")
+    elif note is not None:
+        label.append(f"  base model: {_one_line(note, full)}", style="yellow")
     tokens_in, tokens_out = first(semconv.GEN_AI_USAGE_INPUT_TOKENS), first(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)
     if tokens_in is not None or tokens_out is not None:
         label.append(f"  {_count(tokens_in)} in / {_count(tokens_out)} out tokens")

@@ -31,7 +31,12 @@ Patching the resource rather than the HTTP layer (OpenInference wraps
 with no re-parsing of request bodies, and only chat calls pay anything. The span
 is current while the request runs, and its W3C ``traceparent`` is added to the
 request headers unless the caller set one, so agl's gateway can key its token-id
-record to this span.
+record to this span; so is ``X-Agl-Agent``, the agent scope the call runs in
+(:func:`agl_core.tracer.agent_scope`, percent-encoded), so a gateway training
+several policies answers each agent with its own. agl's own spans are walked up
+to the nearest that names an agent; under a user's SDK provider, whose spans do
+not link to their parents, only the span the call starts under is read (a
+LangChain chat span names its agent itself).
 
 Not covered: ``client.completions`` (legacy text completions), the Responses
 API, raw ``client.post(...)`` calls, and openai 1.x's separate
@@ -41,6 +46,7 @@ API, raw ``client.post(...)`` calls, and openai 1.x's separate
 from __future__ import annotations
 
 import functools
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -54,8 +60,11 @@ from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.openai_client import attributes
 from agl_core.plugin import Instrumentor
+from agl_core.tracer import agent_scope
 
 _TRACEPARENT = "traceparent"
+AGENT_HEADER = "X-Agl-Agent"
+"""The header naming the agent scope of a call (percent-encoded): the gateway's key to that agent's policy."""
 
 if TYPE_CHECKING:
     _Proxy = wrapt.ObjectProxy[Any]  # generic in wrapt 2's stubs; wrapt 1 cannot be subscripted at run time
@@ -77,6 +86,19 @@ def _with_traceparent(headers: Any, span: trace.Span) -> Any:
                 return headers
         return {**headers, _TRACEPARENT: value}
     return headers
+
+
+def _with_agent(headers: Any, agent: str | None) -> Any:
+    """``extra_headers`` with ``X-Agl-Agent`` added when the call runs in an agent scope and the caller set none."""
+    if agent is None:
+        return headers
+    if not headers:
+        return {AGENT_HEADER: urllib.parse.quote(agent, safe="")}
+    if not isinstance(headers, Mapping):
+        return headers
+    if any(key.lower() == AGENT_HEADER.lower() for key in headers):
+        return headers
+    return {**headers, AGENT_HEADER: urllib.parse.quote(agent, safe="")}
 
 
 class _Call:
@@ -139,13 +161,14 @@ def _start(resource: Any, kwargs: dict[str, Any]) -> _Call | None:
             if type(value) is not list and value is not None and _one_shot(value):
                 kwargs[key] = list(value)  # we read it before openai does: it must not reach openai empty
         client = resource._client
+        agent = agent_scope(trace.get_current_span())  # the span this call's starts under, and those above it
         attrs = attributes.request_attributes(kwargs, getattr(client, "_base_url", None) or client.base_url)
         span = collector.tracer().start_span(
             semconv.chat_span_name(kwargs.get("model")), kind=SpanKind.CLIENT,
             attributes=sampler_attributes(attrs),
         )
         set_on(span, attrs)
-        kwargs["extra_headers"] = _with_traceparent(kwargs.get("extra_headers"), span)
+        kwargs["extra_headers"] = _with_agent(_with_traceparent(kwargs.get("extra_headers"), span), agent)
         token = otel_context.attach(trace.set_span_in_context(span))
         return _Call(span, token, kwargs.get("stream") is True)
     except Exception as exc:  # noqa: BLE001 - fail-open

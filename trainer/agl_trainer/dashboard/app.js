@@ -262,6 +262,11 @@ function callSummary(s, kind, rollout) {
     }
     const out = outputPreview(a);
     if (out) bits.push(el("span", { class: "out", title: out, text: "→ " + preview(out) }));
+    // a run of several policies: which one answered (or why the base model did)
+    if (a["agl.llm.policy"]) bits.push(el("span", { class: "policy", text: "policy " + a["agl.llm.policy"] }));
+    else if (a["agl.llm.policy_note"]) {
+      bits.push(el("span", { class: "policy base", title: String(a["agl.llm.policy_note"]), text: "base model" }));
+    }
     const t = rollout.transitionBySpan.get(s.span_id);
     if (t) {
       bits.push(el("span", { class: "transition", text: `transition #${t.index}` }));

@@ -284,11 +284,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
     p.add_argument("--fresh", action="store_true", help="delete --dir's previous run and start over")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--multi-policy", action="store_true",
+                   help="a writer and a checker, each its own LoRA adapter, trained at once (agl_trainer.demo.roles)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.multi_policy:
+        return _multi_policy(args)
     options = DemoOptions(folder=args.dir, steps=args.steps, minutes=args.minutes, target=args.target,
                           window=args.window, lockers=args.lockers, group_size=args.group_size, workers=args.workers,
                           lr=args.lr, minibatches=args.minibatches, epochs=args.epochs, row_mode=args.rows,
@@ -305,6 +309,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nstore: {os.path.join(result.folder, 'agl.db')}\ncurve: {result.curve}\n"
           f"summary: {os.path.join(result.folder, 'summary.md')}")
     return 0 if result.reached else 1
+
+
+def _multi_policy(args: argparse.Namespace) -> int:
+    from agl_trainer.demo.roles import RolesOptions, run_roles_demo
+
+    d = RolesOptions()
+    options = RolesOptions(folder=args.dir if args.dir != DemoOptions().folder else d.folder,
+                           steps=args.steps if args.steps != DemoOptions().steps else d.steps,
+                           minutes=args.minutes if args.minutes != DemoOptions().minutes else d.minutes,
+                           target=args.target, seed=args.seed, threads=args.threads, fresh=args.fresh,
+                           progress=not args.quiet)
+    try:
+        result = run_roles_demo(options)
+    except KeyboardInterrupt:
+        return 130
+    except ImportError as exc:
+        print(f"agl demo: needs the trainer's torch, peft and LangChain extras ({exc}); "
+              "pip install 'agl-trainer[torch,demo]' peft", file=sys.stderr)
+        return 2
+    print(result["summary"].rstrip())
+    print(f"\nstore: {os.path.join(result['folder'], 'agl.db')}\ncurve: {result['curve']}\n"
+          f"summary: {os.path.join(result['folder'], 'summary.md')}")
+    return 0 if result["reached"] else 1
 
 
 if __name__ == "__main__":

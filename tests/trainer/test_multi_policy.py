@@ -1,0 +1,438 @@
+"""Several policies in one run: a writer and a checker, each its own LoRA adapter on one tiny base model.
+
+The agent is a LangGraph graph with two nodes, ``writer`` and ``checker``, each one ``ChatOpenAI`` call
+with the same prompt; agl's LangChain plugin makes each node an agent scope, and the instrumented
+openai client tells the gateway which (``X-Agl-Agent``). The roles need opposite answers to the same
+input: the writer is rewarded for ``A``, the checker for ``B`` (0.5 each, the run's final reward). One
+shared policy answers both from one distribution, so whatever it learns it scores 0.5 on average;
+two adapters learn each its own answer.
+
+Everything runs for real: the worker, the server, the gateway, the torch engine serving the peft
+model with both adapters, and the trainer stepping each adapter with its own optimizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pytest
+
+pytest.importorskip("langgraph")
+pytest.importorskip("peft")
+torch = pytest.importorskip("torch")
+
+from langchain_openai import ChatOpenAI  # noqa: E402
+from langgraph.graph import END, START, StateGraph  # noqa: E402
+
+import agl_core as agl  # noqa: E402
+from agl_core import semconv  # noqa: E402
+from agl_core.cli.traces import render_rollout  # noqa: E402
+from agl_core.testing import FakeOpenAI  # noqa: E402
+from agl_core.transitions import TransitionBuilder  # noqa: E402
+from agl_core.worker import Worker, point_openai_at  # noqa: E402
+from agl_trainer.demo.policy import PolicySpec, build_model, build_tokenizer  # noqa: E402
+from agl_trainer.gateway import GatewayConfig, OpenAIBackend, training_sampling  # noqa: E402
+from agl_trainer.policies import MultiPolicyBackend, Policy, PolicyRouter  # noqa: E402
+from agl_trainer.server import ServerConfig, ServerThread, TrainerServer  # noqa: E402
+from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig  # noqa: E402
+from agl_trainer.training import TrainConfig, Trainer  # noqa: E402
+
+torch.set_num_threads(1)
+
+ROLES = {"writer": "A", "checker": "B"}
+"""Each role's rewarded answer to the very same prompt."""
+PROMPT = [{"role": "user", "content": "say one"}]
+LORA = LoraOptions(r=4, alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj", "lm_head"])
+POLICIES = [Policy("writer", "^writer$", LORA), Policy("checker", "^checker$", LORA)]
+
+
+class State(TypedDict, total=False):
+    roles: list[str]
+    said: dict[str, str]
+
+
+def _node(role: str) -> Any:
+    def node(state: State) -> State:
+        model = ChatOpenAI(model="policy", max_retries=0, max_tokens=1, temperature=1.0)
+        reply = model.invoke(PROMPT)
+        return {"said": {**state.get("said", {}), role: str(reply.content).strip()}}
+    return node
+
+
+def two_roles(task: dict[str, Any]) -> float:
+    """The writer, then the checker (or only the roles the task names), on the same prompt; 0.5 per right answer."""
+    roles = task.get("roles", list(ROLES))
+    graph = StateGraph(State)
+    last = START
+    for role in roles:
+        graph.add_node(role, _node(role))
+        graph.add_edge(last, role)
+        last = role
+    graph.add_edge(last, END)
+    said = graph.compile().invoke({"roles": roles, "said": {}})["said"]
+    return sum(0.5 for role, want in ROLES.items() if said.get(role) == want)
+
+
+@pytest.fixture(autouse=True)
+def langchain_instrumented(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # the worker points it at the gateway
+    monkeypatch.setenv("OPENAI_API_KEY", "unset")
+    logging.getLogger("agl.worker").setLevel(logging.ERROR)
+    assert "langchain" in agl.instrument(["langchain"])
+    yield
+    agl.uninstrument(["langchain"])
+
+
+def _tiny() -> tuple[Any, Any]:
+    spec = PolicySpec(["user", "assistant", "say", "one"], [], ["A", "B"])
+    tokenizer = build_tokenizer(spec)
+    return build_model(tokenizer, spec, seed=0, hidden=32, layers=1), tokenizer
+
+
+class Run:
+    """A server, a worker and a trainer around ``backend``'s engine; stopped by :meth:`close`."""
+
+    def __init__(self, folder: Path, backend: Any, tokenizer: Any, tasks: list[Any], *,
+                 router: PolicyRouter | None, group_size: int = 16) -> None:
+        self.backend = backend
+        self.engine = backend.engine(tokenizer, name="base", seed=0, max_batch=32, batch_wait_s=0.003,
+                                     default_max_tokens=1)
+        builder = TransitionBuilder(agent_match=router.agent_match() if router is not None else None)
+        gateway = GatewayConfig(sampling_overrides=training_sampling(1.0), policies=router)
+        self.server = TrainerServer(ServerConfig(db_path=str(folder / "agl.db"), port=0, builder=builder,
+                                                 gateway=gateway), self.engine)
+        self.thread = ServerThread(self.server).start()
+        point_openai_at(self.thread.url, None)
+        self.worker = Worker(self.thread.url, two_roles, concurrency=16, poll_s=0.05, grace_s=2.0)
+        self.running = threading.Thread(target=self.worker.run, daemon=True)
+        self.running.start()
+        self.trainer = Trainer(self.server, backend, self.engine, tasks,
+                               TrainConfig(tasks_per_step=1, group_size=group_size,
+                                           checkpoint_dir=str(folder / "ckpt")))
+
+    def close(self) -> None:
+        self.worker.stop(now=True)
+        self.running.join(timeout=10)
+        self.thread.stop()
+
+
+def _adapter_weights(backend: MultiPolicyBackend, name: str) -> dict[str, Any]:
+    return {n: p.detach().clone() for n, p in backend.backends[name]._adapter_parameters()}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_adapters_learn_opposite_roles_that_one_shared_policy_cannot(tmp_path: Path) -> None:
+    base, tokenizer = _tiny()
+    config = TorchConfig(lr=5e-2, epochs=3, minibatches=2, gradient_checkpointing=False)
+
+    # one shared policy (a single LoRA adapter for both roles): the same prompt, one distribution
+    shared = TorchBackend(copy.deepcopy(base), TorchConfig(**{**config.__dict__, "lora": LORA}),
+                          pad_id=tokenizer.pad_token_id)
+    (tmp_path / "shared").mkdir()
+    run = Run(tmp_path / "shared", shared, tokenizer, [{"id": 0}], router=None)
+    try:
+        single = [h.reward for h in run.trainer.run(6)]
+    finally:
+        run.close()
+    # 0.5 on average whatever it learns (p/2 + (1-p)/2); 6 steps x 16 rollouts: 0.62 is over 3 standard errors
+    assert sum(single) / len(single) < 0.62, single
+
+    # two policies: each role its own adapter
+    multi = MultiPolicyBackend(copy.deepcopy(base), POLICIES, config, pad_id=tokenizer.pad_token_id)
+    (tmp_path / "multi").mkdir()
+    run = Run(tmp_path / "multi", multi, tokenizer, [{"id": 0}], router=multi.router)
+    try:
+        history = run.trainer.run(25, stop=lambda h: len(h) >= 2 and (h[-1].reward + h[-2].reward) / 2 >= 0.9)
+        rewards = [round(h.reward, 2) for h in history]
+        print(f"one shared policy: {[round(r, 2) for r in single]}; two adapters: {rewards}")
+        assert (history[-1].reward + history[-2].reward) / 2 >= 0.9, rewards
+        assert history[0].reward < 0.7, rewards
+        last = history[-1].metrics
+        for name in ROLES:  # each policy stepped on its own, with its own numbers
+            assert last[f"policy/{name}/rows"] > 0, last
+            assert last[f"policy/{name}/transitions"] == 16, last
+            assert f"policy/{name}/loss" in last and f"policy/{name}/ratio_first_mean" in last
+            assert last[f"policy/{name}/reward_share"] == pytest.approx(0.5, abs=0.2)
+        for step in history:  # every call sampled from its own adapter, calls of both arriving together: ratio 1
+            for name in ROLES:
+                assert step.metrics[f"policy/{name}/ratio_first_mean"] == pytest.approx(1.0, abs=2e-2), step.metrics
+        recorded = run.server.metrics()[-1]["values"]  # what the dashboard and GET /v1/metrics draw
+        assert recorded["policy/checker/loss"] == last["policy/checker/loss"]
+
+        # the served calls said which policy answered each
+        rollout = run.server.store.rollouts()[-1]
+        spans = [s for s in run.server.store.spans(rollout.id) if s.attributes.get(semconv.AGL_POLICY)]
+        assert sorted(s.attributes[semconv.AGL_POLICY] for s in spans) == ["checker", "writer"]
+        traj = run.server.store.trajectories(rollout_ids=[rollout.id])[0]
+        assert sorted(t.model or "" for t in traj.transitions) == ["checker", "writer"]
+        for t in traj.transitions:
+            assert t.model == t.agent_name  # the model that answered is the agent's policy
+
+        # a step with only the writer's calls moves the writer's adapter, never the checker's
+        writer_before, checker_before = _adapter_weights(multi, "writer"), _adapter_weights(multi, "checker")
+        run.trainer.tasks = [{"id": 1, "roles": ["writer"]}]
+        step = run.trainer.step()
+        assert step.metrics["policy/checker/rows"] == 0 and step.metrics["policy/writer/rows"] > 0, step.metrics
+        assert _same(_adapter_weights(multi, "checker"), checker_before)
+        assert not _same(_adapter_weights(multi, "writer"), writer_before)
+        run.trainer.save()
+        saved = {name: _adapter_weights(multi, name) for name in ROLES}
+        steps = multi.step
+    finally:
+        run.close()
+
+    # resume: every policy's adapter (and the step) comes back
+    again = MultiPolicyBackend(copy.deepcopy(base), POLICIES, config, pad_id=tokenizer.pad_token_id)
+    assert not _same(_adapter_weights(again, "writer"), saved["writer"])
+    again.load(tmp_path / "multi" / "ckpt")
+    assert again.step == steps
+    for name in ROLES:
+        assert _same(_adapter_weights(again, name), saved[name])
+    with pytest.raises(ValueError, match="holds policies"):
+        MultiPolicyBackend(copy.deepcopy(base), POLICIES[:1], config).load(tmp_path / "multi" / "ckpt")
+
+
+# ---------------------------------------------------------------------- routing
+
+
+def _scoped(role: str, *, stream: bool = False) -> Any:
+    """One call from inside LangGraph node ``role`` (an agent scope), streamed or not; the reply's model."""
+    def node(state: State) -> State:
+        model = ChatOpenAI(model="policy", max_retries=0, max_tokens=1, streaming=stream)
+        said = model.invoke(PROMPT)
+        return {"said": {role: str(said.response_metadata.get("model_name"))}}
+    graph = StateGraph(State)
+    graph.add_node(role, node)
+    graph.add_edge(START, role)
+    graph.add_edge(role, END)
+    return graph.compile().invoke({"said": {}})["said"][role]
+
+
+def _rollout(server_url: str, role: str, *, stream: bool = False) -> tuple[str, list[Any]]:
+    point_openai_at(server_url, None)
+    with agl.rollout(task_id=f"t-{role}", store=agl.HttpStore(server_url)) as run:
+        model = _scoped(role, stream=stream)
+    return model, run.rollout.id
+
+
+def _recorded_logprob(store: Any, rollout_id: str) -> tuple[float, list[int], list[int], dict[str, Any]]:
+    span = next(s for s in store.spans(rollout_id) if s.attributes.get(semconv.AGL_RESPONSE_TOKEN_IDS)
+                and s.attributes.get(semconv.AGL_PLUGIN) == "openai")
+    a = span.attributes
+    return a[semconv.AGL_RESPONSE_LOGPROBS][0], a[semconv.AGL_PROMPT_TOKEN_IDS], a[semconv.AGL_RESPONSE_TOKEN_IDS], a
+
+
+def _logprob(model: Any, prompt: list[int], token: int, adapter: str | None) -> float:
+    with torch.inference_mode():
+        if adapter is None:
+            with model.disable_adapter():
+                logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+        else:
+            model.set_adapter(adapter)
+            logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    return float(torch.log_softmax(logits, -1)[token])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_agent_is_answered_by_its_own_adapter_and_an_unknown_one_by_the_base(
+        make_server: Any, stream: bool) -> None:
+    base, tokenizer = _tiny()
+    policies = [Policy("writer", "writ", LORA), Policy("checker", "check", LORA)]
+    multi = MultiPolicyBackend(base, policies, TorchConfig(gradient_checkpointing=False),
+                               pad_id=tokenizer.pad_token_id)
+    torch.manual_seed(1)
+    with torch.no_grad():  # adapters that answer differently: each its own distribution
+        for name, p in multi.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    engine = multi.engine(tokenizer, name="base", seed=0, default_max_tokens=1)
+    server = make_server(engine, gateway=GatewayConfig(policies=multi.router))
+    for role, policy in (("writer", "writer"), ("rewriter", "writer"), ("checker", "checker"), ("judge", None)):
+        served, rollout_id = _rollout(server.url, role, stream=stream)
+        assert served == (policy or "base"), role
+        logprob, prompt, response, attrs = _recorded_logprob(server.server.store, rollout_id)
+        assert attrs.get(semconv.AGL_POLICY) == policy
+        expected = {a: _logprob(multi.model, prompt, response[0], a) for a in ("writer", "checker", None)}
+        assert logprob == pytest.approx(expected[policy], abs=1e-4), (role, logprob, expected)
+        others = [v for a, v in expected.items() if a != policy]
+        assert all(abs(v - logprob) > 1e-3 for v in others), (role, expected)  # the adapters do differ
+        if policy is None:  # the base answered, and the span says why
+            assert "'judge' matches no policy" in attrs[semconv.AGL_POLICY_NOTE]
+        traj = server.server.store.trajectories(rollout_ids=[rollout_id])[0]
+        assert [t.model for t in traj.transitions] == [policy or "base"]
+        shown = render_rollout(server.server.store.get_rollout(rollout_id, with_spans=True), traj.transitions,
+                               width=400)
+        assert (f"policy {policy}" if policy else "base model: agent 'judge' matches no policy") in shown, shown
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllm_serves_each_agent_by_its_policys_lora_name(make_server: Any, tmp_path: Path, stream: bool) -> None:
+    base, tokenizer = _tiny()
+    multi = MultiPolicyBackend(base, POLICIES, TorchConfig(gradient_checkpointing=False))
+    with FakeOpenAI(enable_lora=True, return_token_ids=True) as vllm:  # a call for an adapter not loaded is a 404
+        from agl_trainer.vllm_lora import VllmAdapters, VllmPoliciesLink
+
+        server = make_server(OpenAIBackend(vllm.url), gateway=GatewayConfig(policies=multi.router))
+        link = VllmPoliciesLink(server.server, {n: VllmAdapters(vllm.url, n) for n in multi.names},
+                                str(tmp_path / "adapters"))
+        version = link.publish(multi)
+        assert sorted(vllm.adapters) == ["checker", "writer"]
+        assert all(f"/v{version}" in folder for folder in vllm.adapters.values())
+        for role in ("writer", "checker", "judge"):
+            served, rollout_id = _rollout(server.url, role, stream=stream)
+            asked = [r.body["model"] for r in vllm.requests if r.path.endswith("/chat/completions")][-1]
+            assert asked == (role if role != "judge" else vllm.model), role
+            assert served == asked
+            assert vllm.requests[-1].body.get("stream", False) is stream
+
+
+# ---------------------------------------------------------------------- config
+
+
+def _raw(**changes: Any) -> dict[str, Any]:
+    return {"data": {"path": "tasks.jsonl"}, "agent": "pkg.mod:agent", "backend": {"model": "m"}, **changes}
+
+
+def test_the_policies_section_is_checked_and_names_the_fix() -> None:
+    from agl_trainer.config import ConfigError, transition_builder, validate
+    from agl_trainer.policies import policies_of
+
+    config = validate(_raw(policies={"writer": {"agents": "writ", "lora": {"r": 16}}, "checker": {"agents": "check"}},
+                           backend={"model": "m", "lora": {"r": 2, "alpha": 4}}))
+    policies = policies_of(config)
+    assert [(p.name, p.agents, p.lora.r) for p in policies] == [("writer", "writ", 16), ("checker", "check", 2)]
+    builder = transition_builder(config)
+    assert builder.settings()["agent_match"] == "(?:writ)|(?:check)"
+    with pytest.raises(ConfigError, match=r"^config error: policies: and agent_match \('writer'\) both select the "
+                                          r"trained agents: .*drop agent_match"):
+        validate(_raw(policies={"w": {"agents": "w"}}, agent_match="writer"))
+    with pytest.raises(ConfigError, match=r"^config error: policies\.w\.agents: '\(' is not a valid regular "
+                                          r"expression"):
+        validate(_raw(policies={"w": {"agents": "("}}))
+    with pytest.raises(ConfigError, match=r"^config error: policies\.a b: a policy's name"):
+        validate(_raw(policies={"a b": {"agents": "x"}}))
+    with pytest.raises(ConfigError, match=r"^config error: policies: are trained by the torch backend"):
+        validate(_raw(policies={"w": {"agents": "w"}}, backend={"model": "m", "name": "verl"}))
+    with pytest.raises(ConfigError, match=r"^config error: policies: train model weights.*algorithm\.name apo"):
+        validate(_raw(policies={"w": {"agents": "w"}}, algorithm={"name": "apo"}))
+    with pytest.raises(ConfigError, match=r"policies\.w\.agent: unknown key \(did you mean agents\?\); allowed: "
+                                          r"agents, lora"):
+        validate(_raw(policies={"w": {"agent": "w"}}))
+
+
+ROLES_AGENT = '''
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+from typing import TypedDict
+
+
+class State(TypedDict, total=False):
+    said: dict
+
+
+def node(role):
+    def run(state):
+        reply = ChatOpenAI(model="policy", max_retries=0, max_tokens=1).invoke([{"role": "user", "content": "say one"}])
+        return {"said": {**state.get("said", {}), role: str(reply.content).strip()}}
+    return run
+
+
+def solve(task):
+    graph = StateGraph(State)
+    graph.add_node("writer", node("writer"))
+    graph.add_node("checker", node("checker"))
+    graph.add_edge(START, "writer")
+    graph.add_edge("writer", "checker")
+    graph.add_edge("checker", END)
+    said = graph.compile().invoke({"said": {}})["said"]
+    return 0.5 * (said.get("writer") == "A") + 0.5 * (said.get("checker") == "B")
+'''
+
+
+def test_agl_train_runs_several_policies_from_a_config_and_resumes_them(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from agl_trainer.config import validate
+    from agl_trainer.train_cli import run_training, step_line
+
+    model, tokenizer = _tiny()
+    model.save_pretrained(tmp_path / "policy")
+    tokenizer.save_pretrained(tmp_path / "policy")
+    (tmp_path / "roles_agent.py").write_text(ROLES_AGENT, encoding="utf-8")
+    (tmp_path / "tasks.jsonl").write_text('{"id": 0}\n', encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = {"data": {"path": "tasks.jsonl", "group_size": 4, "tasks_per_step": 1}, "agent": "roles_agent:solve",
+           "backend": {"model": "policy", "threads": 1, "gradient_checkpointing": False,
+                       "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]}},
+           "algorithm": {"lr": 1e-2},
+           "policies": {"writer": {"agents": "^writer$"}, "checker": {"agents": "^checker$", "lora": {"r": 4}}},
+           "workers": {"count": 4}, "run": {"steps": 2, "dir": "out", "checkpoint_every": 1}}
+    outcome = run_training(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert len(outcome.steps) == 2 and not outcome.resumed
+    for step in outcome.steps:
+        for name in ("writer", "checker"):
+            assert step["metrics"][f"policy/{name}/transitions"] == 4, step["metrics"]
+    assert (tmp_path / "out" / "checkpoint" / "policies.json").exists()
+    ranks = {}
+    for name in ("writer", "checker"):
+        state = torch.load(tmp_path / "out" / "checkpoint" / "policies" / name / "trainer.pt", weights_only=True)
+        ranks[name] = {tuple(v.shape) for k, v in state["model"].items() if "lora_A" in k}
+        assert state["model"] and all(f".{name}." in k for k in state["model"])  # each checkpoint its own adapter
+    assert ranks == {"writer": {(2, 32)}, "checker": {(4, 32)}}  # backend.lora, or the policy's own
+    from agl_trainer.training import StepResult
+
+    line = step_line(StepResult.from_dict(outcome.steps[-1]), 2, 1.0)
+    assert "| writer: reward" in line and "| checker: reward" in line
+
+    raw["run"]["steps"] = 3
+    again = run_training(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert again.resumed and [s["step"] for s in again.steps] == [1, 2, 3]
+
+
+def test_a_token_record_keeps_its_policy_through_the_file() -> None:
+    from agl_trainer.token_records import TokenRecord
+
+    record = TokenRecord([1], [2], [-0.5], "base", 3, 1.0, None, None, "agent 'judge' matches no policy")
+    assert TokenRecord.from_json(record.to_json()) == record
+    plain = TokenRecord([1], [2], None, "m", 0, 1.0)
+    assert TokenRecord.from_json(plain.to_json()) == plain and len(json.loads(plain.to_json())) == 6
+
+
+def test_agl_demo_multi_policy_trains_both_roles_and_draws_a_curve_per_policy(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agl_trainer.demo.run import main
+
+    assert main(["--multi-policy", "--dir", str(tmp_path / "demo"), "--quiet", "--steps", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "Target 0.9 for both over the last 2 steps: reached." in out
+    rows = [line.split("|")[1:4] for line in out.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert float(rows[0][1]) < 0.9 or float(rows[0][2]) < 0.9, rows  # it learned it: the first step guessed
+    assert (tmp_path / "demo" / "reward_curve.png").stat().st_size > 1000
+    assert (tmp_path / "demo" / "checkpoint" / "policies.json").exists()
+
+
+def test_a_call_another_model_answered_is_not_trained_as_its_agents_policy() -> None:
+    from agl_core.schema import Trajectory, Transition
+    from agl_trainer.policies import split_by_policy
+
+    def call(i: int, agent: str, model: str | None) -> Transition:
+        return Transition(rollout_id="r", task_id="t", index=i, prompt=PROMPT, agent_name=agent, model=model,
+                          response={"role": "assistant", "content": "A"})
+
+    router = PolicyRouter(POLICIES)
+    traj = Trajectory(rollout_id="r", task_id="t", transitions=[
+        call(0, "writer", "writer"), call(1, "writer", "base"), call(2, "checker", None), call(3, "judge", "base")])
+    elsewhere: dict[str, int] = {}
+    shares = split_by_policy([traj], router, elsewhere)
+    assert [t.index for t in shares["writer"][0].transitions] == [0]  # the base's answer is not the writer's sample
+    assert [t.index for t in shares["checker"][0].transitions] == [2]
+    assert elsewhere == {"writer": 1}

@@ -1,0 +1,317 @@
+"""Several policies in one run: each agent role its own LoRA adapter on one shared base model.
+
+A training config's ``policies: {writer: {agents: "writer|rewriter", lora: {r: 16}}, checker: {agents:
+"checker"}}`` names the policies and the agents each one serves (``agents`` is a regex searched in the
+agent name, the semantics of ``agent_match``; the first policy in order whose regex matches an agent
+serves it). Agents matched by no policy are not trained, and their calls are answered by the base
+model (the adapters switched off), which the call's span says (``agl.llm.policy_note``).
+
+- **Serving.** The instrumented client sends the agent scope of each call (``X-Agl-Agent``, see
+  :mod:`agl_core.openai_client.instrumentor`); the gateway asks :class:`PolicyRouter` for the agent's
+  policy and calls the backend with the policy's name as ``model``: the torch engine serves it from the
+  adapter of that name (:class:`~agl_trainer.engine.TorchEngine` ``adapters``), vLLM from its LoRA
+  adapter of that name. The reply, the call's span and its transition name that model: which policy
+  served each call is its ``model`` (and the span's ``agl.llm.policy``).
+- **Training** (:class:`MultiPolicyBackend`): a step's trajectories are split by policy (each keeps its
+  own policy's transitions, with the credited rewards the run's builder gave them: by default every
+  policy gets the run's credited rewards for its calls, so a checker is trained on the outcome of the
+  writer it checked); advantages are computed per policy, still grouped by task (GRPO); each policy
+  takes one optimizer step of its own (its own :class:`~agl_trainer.torch_backend.TorchBackend` over
+  its adapter: its own AdamW), and its metrics are reported under ``policy/<name>/...``: ``reward`` (the
+  mean credited reward of its calls), ``reward_share`` (its part of the step's credited reward),
+  ``transitions``, ``rows`` (0: no step this time), ``loss``, ``kl``, ``approx_kl``, ``ratio_mean``,
+  ``ratio_first_mean``, ``clip_fraction``, ``grad_norm``.
+- **Checkpoints** hold every adapter with its optimizer (``policies/<name>/trainer.pt``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agl_core.schema import Trajectory
+from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig
+
+__all__ = ["MultiPolicyBackend", "Policy", "PolicyRouter", "Route", "policies_of", "split_by_policy"]
+
+logger = logging.getLogger("agl.trainer")
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One policy: its name (its adapter's, and the model name it is served under) and the agents it serves."""
+
+    name: str
+    agents: str
+    """A regex searched in the agent name (``re.search``: ``write`` serves ``write_query`` and ``rewrite_query``)."""
+    lora: LoraOptions = field(default_factory=LoraOptions)
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(f"policy name {self.name!r}: letters, digits, '_', '.', '-' only (it names a LoRA "
+                             "adapter and the model it is served as), at most 64, starting with a letter or digit")
+        try:
+            re.compile(self.agents)
+        except re.error as exc:
+            raise ValueError(f"policy {self.name!r}: agents {self.agents!r} is not a valid regular expression: "
+                             f"{exc}") from None
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one call goes: the policy that serves it (None: the base model) and, for the base, why."""
+
+    policy: str | None
+    note: str | None = None
+
+
+class PolicyRouter:
+    """Agent name -> policy, as the gateway routes calls and the trainer groups transitions: the same rule."""
+
+    def __init__(self, policies: Sequence[Policy]) -> None:
+        if not policies:
+            raise ValueError("policies is empty: name at least one policy")
+        names = [p.name for p in policies]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"policy names must differ: {twice} given more than once")
+        self.policies = list(policies)
+        self._patterns = [(p.name, re.compile(p.agents)) for p in self.policies]
+        self._overlaps: set[str] = set()
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.policies]
+
+    def agent_match(self) -> str:
+        """One regex matching every agent some policy serves: what the run's ``TransitionBuilder`` selects."""
+        return "|".join(f"(?:{p.agents})" for p in self.policies)
+
+    def policy_for(self, agent: str | None) -> str | None:
+        """The first policy whose ``agents`` regex is found in ``agent``; None when none is (or no agent)."""
+        if agent is None:
+            return None
+        found = [name for name, pattern in self._patterns if pattern.search(agent)]
+        if len(found) > 1 and agent not in self._overlaps and len(self._overlaps) < 256:
+            self._overlaps.add(agent)
+            logger.warning("agl policies: agent %r matches policies %s; the first, %r, serves and trains it "
+                           "(make the agents regexes disjoint, e.g. ^%s$, to choose another)", agent, found,
+                           found[0], re.escape(agent))
+        return found[0] if found else None
+
+    def route(self, agent: str | None) -> Route:
+        policy = self.policy_for(agent)
+        if policy is not None:
+            return Route(policy)
+        if agent is None:
+            return Route(None, "the call named no agent (no X-Agl-Agent header: not in an agent scope, or not "
+                               "from agl's instrumented client): served by the base model, not trained")
+        return Route(None, f"agent {agent!r} matches no policy ({', '.join(self.names)}): served by the base "
+                           "model, not trained")
+
+
+def policies_of(config: Any) -> list[Policy]:
+    """The policies of a training config's ``policies`` section (:class:`agl_trainer.config.Config`), in order."""
+    out = []
+    for name, section in (config.policies or {}).items():
+        lora = section.lora or config.backend.lora
+        options = LoraOptions(**lora.model_dump()) if lora is not None else LoraOptions()
+        out.append(Policy(name, section.agents, options))
+    return out
+
+
+def split_by_policy(trajectories: Sequence[Trajectory], router: PolicyRouter,
+                    elsewhere: dict[str, int] | None = None) -> dict[str, list[Trajectory]]:
+    """Each policy's share of the trajectories: the same rollouts, each with only that policy's transitions.
+
+    A rollout in which a policy made no call is left out of that policy's share (it has nothing to train
+    there); its reward still counts in the step's reward. Transitions of agents no policy serves go nowhere.
+    A transition whose ``model`` says another model answered it (the call reached the gateway without its
+    agent: a client that is not agl's, or no agent scope) is not trained: its tokens are not its policy's
+    samples. Those are counted per policy into ``elsewhere``.
+    """
+    out: dict[str, list[Trajectory]] = {name: [] for name in router.names}
+    for traj in trajectories:
+        mine: dict[str, list[Any]] = {}
+        for t in traj.transitions:
+            policy = router.policy_for(t.agent_name)
+            if policy is None:
+                continue
+            if t.model is not None and t.model != policy:
+                if elsewhere is not None:
+                    elsewhere[policy] = elsewhere.get(policy, 0) + 1
+                continue
+            mine.setdefault(policy, []).append(t)
+        for policy, transitions in mine.items():
+            out[policy].append(replace(traj, transitions=transitions))
+    return out
+
+
+_REPORTED = ("loss", "pg", "kl", "approx_kl", "clip_fraction", "ratio_mean", "ratio_first_mean", "entropy",
+             "grad_norm", "rows", "update_s")
+
+
+class MultiPolicyBackend:
+    """One base model with a LoRA adapter per policy, each trained by its own :class:`TorchBackend`.
+
+    Duck-types the parts of :class:`TorchBackend` the training loop uses (``step``, ``version``,
+    ``publish``, ``save``, ``load``, ``has_checkpoint``, ``engine``); the loop calls :meth:`update_policies`
+    in place of ``update``.
+    """
+
+    def __init__(self, model: Any, policies: Sequence[Policy], config: TorchConfig | None = None, *,
+                 device: str | None = None, pad_id: int = 0) -> None:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as exc:
+            raise ImportError("several policies train LoRA adapters, which needs peft: pip install peft") from exc
+        import torch
+
+        self.router = policies if isinstance(policies, PolicyRouter) else PolicyRouter(policies)
+        config = config or TorchConfig()
+        if config.gradient_checkpointing and getattr(model, "supports_gradient_checkpointing", False):
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if device:
+            model = model.to(torch.device(device))
+        peft_model: Any = None
+        for policy in self.router.policies:
+            lora = LoraConfig(r=policy.lora.r, lora_alpha=policy.lora.alpha, lora_dropout=policy.lora.dropout,
+                              target_modules=list(policy.lora.target_modules), bias="none", task_type="CAUSAL_LM")
+            if peft_model is None:
+                peft_model = get_peft_model(model, lora, adapter_name=policy.name)
+            else:
+                peft_model.add_adapter(policy.name, lora)
+        self.model = peft_model
+        self.backends: dict[str, TorchBackend] = {
+            p.name: TorchBackend(peft_model, replace(config, lora=None), device=device, pad_id=pad_id,
+                                 adapter=p.name)
+            for p in self.router.policies}
+        self.config = config
+        self.step = 0
+        self.version = 0
+        self.shared_engine: Any = None
+        self.history: list[dict[str, Any]] = []
+
+    @property
+    def names(self) -> list[str]:
+        return self.router.names
+
+    # ------------------------------------------------------------------ training
+
+    def update_policies(self, trajectories: Sequence[Trajectory],
+                        score: Callable[[Sequence[Trajectory]], Any]) -> dict[str, float]:
+        """One training step: each policy's share scored (``score``: the loop's ``score_batch``) and stepped.
+
+        A policy with no rows this step takes no optimizer step (its ``policy/<name>/rows`` is 0).
+        The step's own ``loss``, ``kl``, ``ratio_*``... are the policies' means, so the loop's signal
+        checks read them as for one policy.
+        """
+        metrics: dict[str, float] = {}
+        stepped: list[dict[str, float]] = []
+        elsewhere: dict[str, int] = {}
+        shares = split_by_policy(trajectories, self.router, elsewhere)
+        for name, count in elsewhere.items():
+            metrics[f"policy/{name}/served_elsewhere"] = float(count)
+            logger.warning("agl policies: %d call(s) of policy %r's agents were answered by another model (their "
+                           "transition's model) and are not trained: did they reach the gateway without agl's "
+                           "instrumented client (its X-Agl-Agent header)?", count, name)
+        credited = {name: sum(t.credited_reward or 0.0 for traj in trajs for t in traj.transitions)
+                    for name, trajs in shares.items()}
+        total = sum(abs(v) for v in credited.values())
+        for name, trajs in shares.items():
+            prefix = f"policy/{name}/"
+            batch = score(trajs) if trajs else None
+            rows = batch.rows if batch is not None else []
+            count = sum(len(t.transitions) for t in trajs)
+            metrics[prefix + "transitions"] = float(count)
+            metrics[prefix + "reward"] = credited[name] / count if count else 0.0  # its calls' mean credited reward
+            metrics[prefix + "reward_share"] = abs(credited[name]) / total if total else 0.0
+            if not rows:
+                metrics[prefix + "rows"] = 0.0
+                continue
+            out = self.backends[name].update(rows)
+            stepped.append(out)
+            for key in _REPORTED:
+                if key in out:
+                    metrics[prefix + key] = float(out[key])
+        for key in _REPORTED:
+            values = [m[key] for m in stepped if key in m]
+            if values:
+                metrics[key] = sum(values) if key in ("rows", "update_s") else sum(values) / len(values)
+        self.step += 1
+        return metrics
+
+    # ------------------------------------------------------------------ serving
+
+    def engine(self, tokenizer: Any, **kwargs: Any) -> Any:
+        """A :class:`~agl_trainer.engine.TorchEngine` serving the shared model, one adapter per policy by name."""
+        from agl_trainer.engine import TorchEngine
+
+        engine = TorchEngine(self.model, tokenizer, adapters=self.names, **kwargs)
+        self.shared_engine = engine
+        for backend in self.backends.values():
+            backend.shared_engine = engine
+        return engine
+
+    def shares(self, engine: Any) -> bool:
+        return getattr(engine, "model", None) is self.model
+
+    def publish(self, engine: Any, version: int | None = None) -> int:
+        """Serve every adapter as trained now; an engine on the shared model only takes the new version."""
+        self.version = self.step if version is None else version
+        if not self.shares(engine):
+            raise ValueError("several policies are served from the engine on their own model "
+                             "(MultiPolicyBackend.engine) or from vLLM by LoRA name (MultiPolicyVllmLink)")
+        for backend in self.backends.values():
+            backend.version = self.version
+        engine.serve_version(self.version)
+        return self.version
+
+    def save_adapters(self, folder: str | os.PathLike[str], version: int | None = None) -> dict[str, str]:
+        """Each policy's adapter as peft saves it, in ``folder/<policy>``: what vLLM loads by name."""
+        self.version = self.step if version is None else version
+        return {name: backend.save_adapter(os.path.join(folder, name), self.version)
+                for name, backend in self.backends.items()}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, folder: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> str:
+        """Every policy's adapter and optimizer in ``folder/policies/<name>``, the run's step and ``extra`` beside."""
+        os.makedirs(folder, exist_ok=True)
+        for name, backend in self.backends.items():
+            backend.save(os.path.join(folder, "policies", name))
+        path = os.path.join(folder, "policies.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump({"step": self.step, "version": self.version, "policies": self.names, **(extra or {})}, f,
+                      indent=1)
+        os.replace(path + ".tmp", path)  # last: a checkpoint is whole once this names its policies
+        return path
+
+    def load(self, folder: str | os.PathLike[str]) -> dict[str, Any]:
+        with open(os.path.join(folder, "policies.json"), encoding="utf-8") as f:
+            meta: dict[str, Any] = json.load(f)
+        saved = list(meta.get("policies") or [])
+        if sorted(saved) != sorted(self.names):
+            raise ValueError(f"the checkpoint in {folder} holds policies {saved}, this run trains {self.names}: "
+                             "resume with the same policies, or start in another run.dir")
+        for name, backend in self.backends.items():
+            backend.load(os.path.join(folder, "policies", name))
+        self.step = int(meta.pop("step"))
+        self.version = int(meta.pop("version"))
+        meta.pop("policies", None)
+        return meta
+
+    @staticmethod
+    def has_checkpoint(folder: str | os.PathLike[str]) -> bool:
+        return os.path.exists(os.path.join(folder, "policies.json"))
