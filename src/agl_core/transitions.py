@@ -279,14 +279,9 @@ class TransitionBuilder:
         return cls(agent_match=settings.get("agent_match"), air=AirRules(**air), credit=credit, gamma=float(gamma))
 
     def build(self, rollout: Rollout) -> Trajectory:
-        """The trajectory of one finished rollout.
-
-        A reward of ``rollout.rewards`` that names no span of the rollout (posted with the finished rollout, as
-        a rollout whose spans came over OTLP is finished) counts as a reward span would, at its ``time_ns``,
-        or after the rollout's last span when it has none.
-        """
-        return self.build_from_spans([*rollout.spans, *_posted_rewards(rollout)], rollout_id=rollout.id,
-                                     task_id=rollout.task_id, attempt=rollout.attempt)
+        """The trajectory of one finished rollout."""
+        return self.build_from_spans(rollout.spans, rollout_id=rollout.id, task_id=rollout.task_id,
+                                     attempt=rollout.attempt)
 
     def build_from_spans(
         self, spans: Iterable[Span], *, rollout_id: str, task_id: str, attempt: int = 1
@@ -489,23 +484,6 @@ def load_function(spec: str, what: str) -> Callable[..., Any]:
     if not callable(obj):
         raise SchemaError(what, f"{spec} is a {type(obj).__name__}, not a function")
     return typing.cast(Callable[..., Any], obj)
-
-
-def _posted_rewards(rollout: Rollout) -> list[Span]:
-    """Reward spans, in memory only, for the rewards that came without one."""
-    ids = {s.span_id for s in rollout.spans}
-    last = max((s.end_ns for s in rollout.spans), default=0)
-    out = []
-    for i, reward in enumerate(rollout.rewards):
-        if reward.span_id is not None and reward.span_id in ids:
-            continue
-        attrs: dict[str, Any] = {semconv.AGL_SPAN_KIND: semconv.KIND_REWARD, semconv.AGL_REWARD_VALUE: reward.value}
-        if reward.name is not None:
-            attrs[semconv.AGL_REWARD_NAME] = reward.name
-        at = reward.time_ns or last + 1 + i
-        out.append(Span.trusted(span_id=f"posted-reward-{i}", trace_id="", name=semconv.SPAN_REWARD,
-                                start_ns=at, end_ns=at, attributes=attrs, rollout_id=rollout.id))
-    return out
 
 
 def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:

@@ -67,8 +67,9 @@ def _check(agl: Agl, fake: FakeOpenAI, rollout_id: str, task_id: str, agent: str
 
 
 def _conventions(agl: Agl, rollout_id: str) -> set[str]:
-    """The conventions the received spans were read in."""
-    return {s["attributes"]["agl.otlp.convention"] for s in agl.spans(rollout_id)}
+    """The conventions the received spans were read in (the reward span the finishing post made is agl's)."""
+    return {s["attributes"]["agl.otlp.convention"] for s in agl.spans(rollout_id)
+            if s["attributes"].get("agl.span.kind") != "reward"}
 
 
 def _instrumented(agl: Agl, instrumentor: Any, rollout_id: str, run: Callable[[], None]) -> None:

@@ -1,9 +1,9 @@
 """Finishing a rollout whose spans came over OTLP: ``POST /v1/rollouts`` with its id, a finished status and
 ``rewards``, no spans.
 
-The builder counts a posted reward that names no span (:meth:`agl_core.transitions.TransitionBuilder.build`);
-here, the other way round: a reward that came on a span alone (``agl.reward.value``) joins the rollout's
-``rewards``, so its final reward is the one its transitions were credited with.
+A posted reward that names no span becomes a reward span (:mod:`agl_trainer.rollout_calls`); here, the other
+way round: a reward that came on a span alone (``agl.reward.value``) joins the rollout's ``rewards``, so its
+final reward is the one its transitions were credited with.
 """
 
 from __future__ import annotations
