@@ -91,6 +91,9 @@ AGL_POLICY_NOTE: Final = "agl.llm.policy_note"  # ... or why the base model did 
 """The frozen model (a gateway upstream, not the policy) that answered this call: it is never a transition."""
 AGL_TOOL_STATUS: Final = "agl.tool.status"  # ok | error | exception | timeout | rejected | pending
 AGL_TOOL_CACHE_HIT: Final = "agl.tool.cache_hit"
+AGL_UNTRAINABLE: Final = "agl.untrainable"
+"""Why a span that looks like a model call cannot be trained (an OTLP span in no convention agl reads): the
+builder lists the call in ``Trajectory.skipped`` with this reason."""
 
 # agl.span.kind values
 KIND_ROLLOUT: Final = "rollout"

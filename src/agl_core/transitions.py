@@ -365,6 +365,10 @@ class TransitionBuilder:
                                    reason=f"answered by the frozen model {frozen!r}, not the policy: not trained"))
             return None
         prompt_ids, response_ids, logprobs, source = call.tokens()
+        untrainable = call.first(semconv.AGL_UNTRAINABLE)
+        if untrainable is not None and not call.first(semconv.GEN_AI_OUTPUT_MESSAGES):
+            skipped.append(Skipped(span_id=outer.span_id, agent_name=agent, reason=str(untrainable)))
+            return None
         if call.failed():
             # a failed call may carry what arrived before it broke (a stream cut mid-way): that
             # partial text stays on the span for debugging, never in a transition
@@ -484,6 +488,7 @@ def load_function(spec: str, what: str) -> Callable[..., Any]:
 
 def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:
     calls: dict[str, _Call] = {}
+    owner: dict[str, str] = {}  # LLM span id -> its call's outer span id
     for span in spans:
         if not is_llm_span(span):
             continue
@@ -495,6 +500,7 @@ def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:
                 outer = parent
             parent = by_id.get(parent.parent_id) if parent.parent_id else None
             seen += 1
+        owner[span.span_id] = outer.span_id
         if outer.span_id in calls:
             calls[outer.span_id].spans.append(span)
         else:
@@ -502,7 +508,58 @@ def _group_calls(spans: list[Span], by_id: dict[str, Span]) -> list[_Call]:
             if outer is not span:
                 call.spans.append(span)
             calls[outer.span_id] = call
-    return sorted(calls.values(), key=lambda c: c.start)
+    for span in spans:
+        if span.attributes.get(semconv.AGL_TOKEN_SOURCE) == "gateway" and not is_llm_span(span):
+            _join_gateway_span(span, by_id, owner, calls)
+    return _merged_across_traces(sorted(calls.values(), key=lambda c: c.start))
+
+
+def _join_gateway_span(span: Span, by_id: dict[str, Span], owner: dict[str, str], calls: dict[str, _Call]) -> None:
+    """The gateway's ids joined a span that is no LLM span: the HTTP client span of the request, whose
+    traceparent the request carried when only the HTTP client is instrumented (OpenInference or the GenAI
+    instrumentations over OTLP, with opentelemetry-instrumentation-httpx). Below an LLM span it is that call's."""
+    parent = by_id.get(span.parent_id) if span.parent_id else None
+    seen = 0
+    while parent is not None and seen < 10_000:
+        if parent.span_id in owner:
+            calls[owner[parent.span_id]].spans.append(span)
+            return
+        parent = by_id.get(parent.parent_id) if parent.parent_id else None
+        seen += 1
+
+
+def _merged_across_traces(calls: list[_Call]) -> list[_Call]:
+    """Two instrumentations that share no context (OpenInference's LangChain and OpenAI instrumentors) record
+    one request as two roots, each in a trace of its own: a call of another trace, inside this one's time,
+    with the same prompt and reply is that request, merged into the outer call as a nested span would be."""
+    out: list[_Call] = []
+    for call in calls:
+        host = next((o for o in reversed(out) if o.outer.trace_id != call.outer.trace_id
+                     and o.outer.start_ns <= call.outer.start_ns and call.outer.end_ns <= o.outer.end_ns
+                     and _same_messages(o.outer, call.outer)), None)
+        if host is None:
+            out.append(call)
+        else:
+            host.spans.extend(call.spans)
+            host._ordered = host._tool_call_ids = None
+    return out
+
+
+def _same_messages(one: Span, other: Span) -> bool:
+    try:
+        sides = [[[_gist(m) for m in many_from_genai(_json_attr(s, key) or [])]
+                  for key in (semconv.GEN_AI_INPUT_MESSAGES, semconv.GEN_AI_OUTPUT_MESSAGES)] for s in (one, other)]
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return bool(sides[0][1]) and sides[0] == sides[1]
+
+
+def _gist(message: dict[str, Any]) -> tuple[Any, ...]:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    calls = tuple((c.get("id"), (c.get("function") or {}).get("name")) for c in message.get("tool_calls") or ())
+    return message.get("role"), content or None, calls
 
 
 def _tool_calls_recorded_by_agl(spans: list[Span]) -> set[str]:

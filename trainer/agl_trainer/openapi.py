@@ -443,6 +443,7 @@ def _paths() -> dict[str, Any]:
                                          "current": {"type": "boolean", "default": False}}, extra=True)),
                         params=[_path("version")], errors=(404, 503)),
         },
+        "/v1/traces": {"post": _otlp_traces()},
         "/v1/chat/completions": {"post": _op(
             "OpenAI chat completions through the gateway, recording the call's token ids by traceparent (and, with "
             "X-Agl-Rollout-Id, as a call of that open rollout).",
@@ -498,6 +499,31 @@ def _paths() -> dict[str, Any]:
             {200: _json(_obj({"object": _STRING, "data": {"type": "array", "items": {"type": "object"}}},
                              ("object", "data")))}, errors=(502, 504))},
     }
+
+
+def _otlp_traces() -> Schema:
+    """OTLP/HTTP's own answers (a ``google.rpc.Status`` on errors), not this API's error shape."""
+    binary = {"type": "string", "format": "binary"}
+    status = _obj({"code": {"type": "integer"}, "message": _STRING}, extra=True)
+
+    def answer(description: str, schema: Schema) -> Schema:
+        return {"description": description, "content": {"application/x-protobuf": {"schema": binary},
+                                                        "application/json": {"schema": schema}}}
+
+    partial = _obj({"partialSuccess": _obj({"rejectedSpans": {"type": ["integer", "string"]},
+                                            "errorMessage": _STRING}, extra=True)}, extra=True)
+    return {"summary": "OTLP/HTTP trace receiver: an ExportTraceServiceRequest (protobuf or JSON, gzip or not); its "
+                       "spans are mapped from their convention and grouped into rollouts.",
+            "requestBody": {"required": True, "content": {"application/x-protobuf": {"schema": binary},
+                                                          "application/json": {"schema": {"type": "object"}}}},
+            "responses": {"200": answer("An ExportTraceServiceResponse (partial success: spans refused or kept "
+                                        "with a warning).", partial),
+                          "400": answer("Not an ExportTraceServiceRequest in the encoding it says.", status),
+                          "401": _error(401),
+                          "413": answer("Over the server's body limit, as sent or once decompressed.", status),
+                          "415": answer("Not protobuf or JSON, or compressed otherwise than gzip.", status),
+                          "501": answer("The server lacks opentelemetry-proto (pip install 'agl-trainer[otlp]').",
+                                        status)}}
 
 
 _ROLLOUT_ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"}

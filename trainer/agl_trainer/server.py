@@ -35,6 +35,8 @@ Routes (JSON in and out; errors in the OpenAI shape, naming the bad field):
   version, or make it current again (:mod:`agl_trainer.resources`).
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/models``: the gateway
   (:mod:`agl_trainer.gateway`).
+- ``POST /v1/traces``: OTLP/HTTP in (protobuf or JSON): spans of any instrumentation, mapped from their
+  convention and grouped into rollouts (:mod:`agl_trainer.otlp`).
 - ``/rollouts/{rollout_id}/v1/chat/completions``, ``.../v1/responses``, ``.../v1/models``: the gateway scoped
   to one open rollout, whose calls become its transitions (:mod:`agl_trainer.rollout_calls`).
 - ``GET /openapi.json``: the OpenAPI 3.1 document of every route above (:mod:`agl_trainer.openapi`).
@@ -82,6 +84,8 @@ from agl_trainer.dashboard import OPEN_PATHS as DASHBOARD_FILES
 from agl_trainer.dashboard import Dashboard
 from agl_trainer.gateway import Backend, Gateway, GatewayConfig
 from agl_trainer.openapi import openapi_json
+from agl_trainer.otlp import TracesReceiver
+from agl_trainer.otlp.finish import span_rewards
 from agl_trainer.paging import limit_param, rollouts_page, trajectories_page, transitions_page
 from agl_trainer.queue import LeaseLost, TaskQueue, TaskSpec
 from agl_trainer.resources import ResourceVersions
@@ -268,6 +272,7 @@ class TrainerServer:
         # one rollout at a time per stripe: a post and an added span read, merge and write it whole
         self._rollout_locks = [threading.Lock() for _ in range(64)]
         self._publishing = asyncio.Lock()
+        self.traces = TracesReceiver(self)  # POST /v1/traces: OTLP in (agl_trainer.otlp)
         self.app: ASGIApp = self._build_app()
 
     # ------------------------------------------------------------------ app
@@ -286,6 +291,7 @@ class TrainerServer:
             Route("/v1/queue", self.queue_counts, methods=["GET"]),
             Route("/v1/leases/heartbeat", self.heartbeat, methods=["POST"]),
             Route("/v1/leases/{lease_id}/release", self.release, methods=["POST"]),
+            self.traces.route(),
             Route("/v1/rollouts", self.post_rollout, methods=["POST"]),
             Route("/v1/rollouts", self.list_rollouts, methods=["GET"]),
             Route("/v1/rollouts/{rollout_id}/spans", self.get_spans, methods=["GET"]),
@@ -673,6 +679,7 @@ class TrainerServer:
             if stored is not None:
                 rollout.spans = _merged(rollout.spans, stored, keep_stored=stored.status in _FINISHED)
             rollout.spans = adopt_calls(rollout.spans)  # a gateway call under the span that saw it: one transition
+            span_rewards(rollout)  # rewards that came on spans alone (OTLP's agl.reward.value) are the rollout's
             if lease_id is None:
                 trajectory = self.builder.build(rollout)
                 self.store.put_rollout(rollout, trajectory)
@@ -709,6 +716,8 @@ class TrainerServer:
             joined, keys = self.records.join(spans)
             known = {s.span_id for s in stored.spans}
             stored.spans = adopt_calls(_merged(joined, stored, keep_stored=True))
+            if stored.status == "running":  # a finished rollout's rewards are final
+                span_rewards(stored)
             trajectory = self.builder.build(stored)
             self.store.put_rollout(stored, trajectory)
         self.records.forget(keys)
