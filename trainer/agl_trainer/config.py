@@ -531,7 +531,7 @@ def _cross_check(config: Config) -> None:
     if name in ("sft", "rft") and config.validation is not None:
         raise ConfigError("validation", f"is run by the grpo loop; algorithm.name {name} does not run it yet: drop "
                           "the section, or validate the model folder it writes with a grpo run")
-    if name == "grpo" and "sft" in config.model_fields_set:
+    if name == "grpo" and config.sft != SftConfig():  # set, not merely present (a dumped config carries defaults)
         raise ConfigError("sft", "is read with algorithm.name sft or rft only; algorithm.name is grpo")
     if config.agent_match is not None:
         try:
