@@ -436,3 +436,116 @@ def test_a_call_another_model_answered_is_not_trained_as_its_agents_policy() -> 
     assert [t.index for t in shares["writer"][0].transitions] == [0]  # the base's answer is not the writer's sample
     assert [t.index for t in shares["checker"][0].transitions] == [2]
     assert elsewhere == {"writer": 1}
+
+
+# ---------------------------------------------------------------------- a policy with a model of its own
+
+
+def _judge() -> Any:
+    """Another tiny model (another shape, other weights) over the same tokenizer: the checker's own."""
+    spec = PolicySpec(["user", "assistant", "say", "one"], [], ["A", "B"])
+    return build_model(build_tokenizer(spec), spec, seed=3, hidden=48, layers=2)
+
+
+def _state(model: Any) -> dict[str, Any]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _seq_logprobs(model: Any, t: Any) -> list[float]:
+    ids = list(t.prompt_token_ids) + list(t.response_token_ids)
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    start = len(t.prompt_token_ids)
+    return [float(logp[start + i - 1, tok]) for i, tok in enumerate(t.response_token_ids)]
+
+
+def _mixed(base: Any, judge: Any, tokenizer: Any) -> MultiPolicyBackend:
+    """The writer an adapter on the base, the checker its own model (fully fine-tuned)."""
+    return MultiPolicyBackend(base, [Policy("writer", "^writer$", LORA), Policy("checker", "^checker$", None)],
+                              TorchConfig(lr=5e-2, epochs=3, minibatches=2, gradient_checkpointing=False),
+                              pad_id=tokenizer.pad_token_id, models={"checker": judge},
+                              tokenizers={"checker": copy.deepcopy(tokenizer)})
+
+
+def test_a_policy_with_its_own_model_is_served_trained_and_resumed_beside_an_adapter(tmp_path: Path) -> None:
+    base, tokenizer = _tiny()
+    judge = _judge()
+    multi = _mixed(copy.deepcopy(base), copy.deepcopy(judge), tokenizer)
+    assert multi.separate == ["checker"] and multi.backends["checker"].model is not multi.model
+    assert multi.backends["checker"].config.lora is None  # full fine-tuning: every weight of its own model trains
+    run = Run(tmp_path, multi, tokenizer, [{"id": 1, "roles": ["checker"]}], router=multi.router)
+    try:
+        assert run.engine.engines["checker"].model is multi.backends["checker"].model  # one set of weights
+        # a step with the checker's calls only: its model moves, the base and the writer's adapter do not
+        judge_before, base_before = _state(multi.backends["checker"].model), _state(multi.model)
+        step = run.trainer.step()
+        assert step.metrics["policy/writer/rows"] == 0 and step.metrics["policy/checker/rows"] > 0, step.metrics
+        assert _same(_state(multi.model), base_before)
+        moved = [k for k, v in _state(multi.backends["checker"].model).items() if not torch.equal(v, judge_before[k])]
+        assert len(moved) > 10, moved  # full fine-tuning: the layers, not one tensor
+
+        # those calls were answered by the checker's own model: its recorded logprobs are that model's forward pass
+        rollout = run.server.store.rollouts()[-1]
+        traj = run.server.store.trajectories(rollout_ids=[rollout.id])[0]
+        (t,) = traj.transitions
+        assert t.agent_name == "checker" and t.model == "checker"
+        sampler = copy.deepcopy(judge)
+        sampler.load_state_dict(judge_before)
+        expected = _seq_logprobs(sampler, t)
+        assert t.response_logprobs == pytest.approx(expected, abs=1e-4)
+        with multi.model.disable_adapter():
+            on_base = _seq_logprobs(multi.model, t)
+        assert all(abs(a - b) > 1e-3 for a, b in zip(on_base, expected, strict=True)), (on_base, expected)
+
+        # a step with the writer's calls only: its adapter moves, the checker's model does not
+        run.trainer.tasks = [{"id": 2, "roles": ["writer"]}]
+        judge_before, writer_before = _state(multi.backends["checker"].model), _adapter_weights(multi, "writer")
+        step = run.trainer.step()
+        assert step.metrics["policy/checker/rows"] == 0 and step.metrics["policy/writer/rows"] > 0, step.metrics
+        assert _same(_state(multi.backends["checker"].model), judge_before)
+        assert not _same(_adapter_weights(multi, "writer"), writer_before)
+
+        # both roles: each learns its own answer (the writer A on the base's adapter, the checker B on its model)
+        run.trainer.tasks = [{"id": 0}]
+        history = run.trainer.run(multi.step + 25,
+                                  stop=lambda h: len(h) >= 2 and (h[-1].reward + h[-2].reward) / 2 >= 0.9)
+        rewards = [round(h.reward, 2) for h in history]
+        print(f"writer adapter + checker model: {rewards}")
+        assert (history[-1].reward + history[-2].reward) / 2 >= 0.9, rewards
+        for step_ in history:  # each call sampled from its own policy: the trainer's first ratio is 1
+            for name in ROLES:
+                if step_.metrics.get(f"policy/{name}/rows"):
+                    assert step_.metrics[f"policy/{name}/ratio_first_mean"] == pytest.approx(1.0, abs=2e-2)
+        run.trainer.save()
+        saved_judge, saved_writer, steps = _state(multi.backends["checker"].model), \
+            _adapter_weights(multi, "writer"), multi.step
+    finally:
+        run.close()
+
+    assert (tmp_path / "ckpt" / "policies" / "checker" / "trainer.pt").exists()
+    again = _mixed(copy.deepcopy(base), copy.deepcopy(judge), tokenizer)
+    assert not _same(_state(again.backends["checker"].model), saved_judge)
+    again.load(tmp_path / "ckpt")
+    assert again.step == steps
+    assert _same(_state(again.backends["checker"].model), saved_judge)
+    assert _same(_adapter_weights(again, "writer"), saved_writer)
+
+
+def test_a_separate_model_needs_loading_and_is_refused_with_vllm() -> None:
+    from agl_trainer.config import ConfigError, validate
+    from agl_trainer.policies import policies_of
+
+    config = validate(_raw(policies={"writer": {"agents": "writ"}, "judge": {"agents": "judge", "model": "j"},
+                                     "critic": {"agents": "crit", "model": "c", "lora": {"r": 2}}},
+                           backend={"model": "m", "lora": {"r": 4}}))
+    by_name = {p.name: p for p in policies_of(config)}
+    assert by_name["writer"].model is None and by_name["writer"].lora is not None and by_name["writer"].lora.r == 4
+    assert by_name["judge"].model == "j" and by_name["judge"].lora is None  # its own model: fully fine-tuned
+    assert by_name["critic"].lora is not None and by_name["critic"].lora.r == 2  # or its own LoRA, not backend.lora
+    with pytest.raises(ConfigError, match=r"^config error: policies\.judge\.model: .*not with backend\.vllm"):
+        validate(_raw(policies={"judge": {"agents": "judge", "model": "j"}},
+                      backend={"model": "m", "vllm": {"url": "http://127.0.0.1:8000/v1"}}))
+    base, _ = _tiny()
+    with pytest.raises(ValueError, match=r"policies \['judge'\] name a model of their own"):
+        MultiPolicyBackend(base, [Policy("judge", "judge", None, model="j")])

@@ -121,7 +121,11 @@ class PolicyConfig(_Section):
     agents: Annotated[str, Field(min_length=1)]
     """Regex searched in the agent name, as ``agent_match`` (the first policy in order that matches serves it)."""
     lora: LoraConfig | None = None
-    """This policy's adapter; None: ``backend.lora``, else the defaults."""
+    """This policy's adapter; None: ``backend.lora``, else the defaults. With ``model``: that model's LoRA; None:
+    it is fully fine-tuned (``backend.lora_above_params`` still applies)."""
+    model: str | None = None
+    """A model of its own (a Hugging Face model folder, as ``backend.model``), trained and served apart from the
+    base; None: an adapter on ``backend.model`` (docs/multi-policy.md)."""
 
 
 class VerlConfig(_Section):
@@ -591,6 +595,10 @@ def _check_policies(config: Config) -> None:
         except re.error as exc:
             raise ConfigError(f"policies.{name}.agents", f"{policy.agents!r} is not a valid regular expression: "
                               f"{exc}") from None
+        if policy.model is not None and config.backend.vllm is not None:
+            raise ConfigError(f"policies.{name}.model", "a policy with a model of its own is served by the torch "
+                              "engine only yet, not with backend.vllm (which serves LoRA adapters on its base): "
+                              "drop backend.vllm, or drop the model to train an adapter on the base")
     if config.backend.name != "torch":
         raise ConfigError("policies", f"are trained by the torch backend (an adapter each on one base); "
                           f"backend.name is {config.backend.name}")
@@ -611,6 +619,11 @@ def check(config: Config) -> None:
                                                "Hugging Face model folder)")
         if not os.path.exists(os.path.join(model, "config.json")):
             raise ConfigError("backend.model", f"{model} has no config.json: not a Hugging Face model folder")
+        for name, policy in (config.policies or {}).items():
+            if policy.model is not None and not os.path.exists(os.path.join(config.path(policy.model),
+                                                                            "config.json")):
+                raise ConfigError(f"policies.{name}.model", f"{config.path(policy.model)} is not a Hugging Face "
+                                  "model folder (no config.json)")
     for key, spec in (("agent", config.agent), ("credit.function", config.credit.function),
                       ("air.custom", config.air.custom)):
         if spec is None:

@@ -22,6 +22,12 @@ model (the adapters switched off), which the call's span says (``agl.llm.policy_
   ``transitions``, ``rows`` (0: no step this time), ``loss``, ``kl``, ``approx_kl``, ``ratio_mean``,
   ``ratio_first_mean``, ``clip_fraction``, ``grad_norm``.
 - **Checkpoints** hold every adapter with its optimizer (``policies/<name>/trainer.pt``).
+- **Separate models** (a policy's ``model``: ``policies: {judge: {agents: judge, model: ./judge-model}}``): that
+  policy is its own model, not an adapter on the base: its own :class:`~agl_trainer.torch_backend.TorchBackend`
+  (full fine-tuning, or its own LoRA when the policy names ``lora``), its own engine serving it under the
+  policy's name (:class:`PolicyEngines` routes each call by ``model`` to it or to the base's engine), its own
+  optimizer step per training step, and its checkpoint in ``policies/<name>/`` as the adapters'. Policies
+  without ``model`` keep sharing the base with an adapter each; the two kinds mix in one run.
 """
 
 from __future__ import annotations
@@ -30,14 +36,15 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agl_core.schema import Trajectory
 from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig
 
-__all__ = ["MultiPolicyBackend", "Policy", "PolicyRouter", "Route", "policies_of", "split_by_policy"]
+__all__ = ["MultiPolicyBackend", "Policy", "PolicyEngines", "PolicyRouter", "Route", "policies_of",
+           "split_by_policy"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -51,7 +58,10 @@ class Policy:
     name: str
     agents: str
     """A regex searched in the agent name (``re.search``: ``write`` serves ``write_query`` and ``rewrite_query``)."""
-    lora: LoraOptions = field(default_factory=LoraOptions)
+    lora: LoraOptions | None = field(default_factory=LoraOptions)
+    """Its LoRA adapter. On the shared base None means the defaults; on a separate model, full fine-tuning."""
+    model: str | None = None
+    """A separate model of its own (a path or hub id, as ``backend.model``); None: an adapter on the shared base."""
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -121,6 +131,10 @@ def policies_of(config: Any) -> list[Policy]:
     """The policies of a training config's ``policies`` section (:class:`agl_trainer.config.Config`), in order."""
     out = []
     for name, section in (config.policies or {}).items():
+        if section.model is not None:  # its own model: its own lora, else full fine-tuning (not backend.lora's)
+            own = LoraOptions(**section.lora.model_dump()) if section.lora is not None else None
+            out.append(Policy(name, section.agents, own, model=section.model))
+            continue
         lora = section.lora or config.backend.lora
         options = LoraOptions(**lora.model_dump()) if lora is not None else LoraOptions()
         out.append(Policy(name, section.agents, options))
@@ -159,24 +173,34 @@ _REPORTED = ("loss", "pg", "kl", "approx_kl", "clip_fraction", "ratio_mean", "ra
 
 
 class MultiPolicyBackend:
-    """One base model with a LoRA adapter per policy, each trained by its own :class:`TorchBackend`.
+    """One base model with a LoRA adapter per policy, each trained by its own :class:`TorchBackend`; a policy
+    given a model of its own in ``models`` (``{name: model}``) trains that model instead.
 
     Duck-types the parts of :class:`TorchBackend` the training loop uses (``step``, ``version``,
     ``publish``, ``save``, ``load``, ``has_checkpoint``, ``engine``); the loop calls :meth:`update_policies`
-    in place of ``update``.
+    in place of ``update``. ``tokenizers`` (``{name: tokenizer}``) are the separate models' own, for their
+    engines; ``pad_ids`` their padding ids (default ``pad_id``).
     """
 
     def __init__(self, model: Any, policies: Sequence[Policy], config: TorchConfig | None = None, *,
-                 device: str | None = None, pad_id: int = 0) -> None:
-        try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError as exc:
-            raise ImportError("several policies train LoRA adapters, which needs peft: pip install peft") from exc
+                 device: str | None = None, pad_id: int = 0, models: Mapping[str, Any] | None = None,
+                 tokenizers: Mapping[str, Any] | None = None, pad_ids: Mapping[str, int] | None = None) -> None:
         import torch
 
         self.router = policies if isinstance(policies, PolicyRouter) else PolicyRouter(policies)
         config = config or TorchConfig()
-        if config.gradient_checkpointing and getattr(model, "supports_gradient_checkpointing", False):
+        models = dict(models or {})
+        unknown = sorted(set(models) - set(self.router.names))
+        if unknown:
+            raise ValueError(f"models {unknown}: no policy of that name ({', '.join(self.router.names)})")
+        unloaded = [p.name for p in self.router.policies if p.model is not None and p.name not in models]
+        if unloaded:
+            raise ValueError(f"policies {unloaded} name a model of their own: pass each loaded, "
+                             "models={name: model}")
+        self.separate = [p.name for p in self.router.policies if p.name in models]
+        """The policies trained as models of their own, not adapters on the base."""
+        on_base = [p for p in self.router.policies if p.name not in models]
+        if config.gradient_checkpointing and on_base and getattr(model, "supports_gradient_checkpointing", False):
             enable = getattr(model, "activation_checkpointing_enable", None)
             if enable is not None:
                 enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -184,19 +208,33 @@ class MultiPolicyBackend:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if device:
             model = model.to(torch.device(device))
-        peft_model: Any = None
-        for policy in self.router.policies:
-            lora = LoraConfig(r=policy.lora.r, lora_alpha=policy.lora.alpha, lora_dropout=policy.lora.dropout,
-                              target_modules=list(policy.lora.target_modules), bias="none", task_type="CAUSAL_LM")
-            if peft_model is None:
-                peft_model = get_peft_model(model, lora, adapter_name=policy.name)
-            else:
-                peft_model.add_adapter(policy.name, lora)
+        peft_model: Any = model  # no adapter policy: the base is served as it is, untrained
+        if on_base:
+            try:
+                from peft import LoraConfig, get_peft_model
+            except ImportError as exc:
+                raise ImportError("several policies on one base train LoRA adapters, which needs peft: "
+                                  "pip install peft") from exc
+            peft_model = None
+            for policy in on_base:
+                lora = policy.lora or LoraOptions()
+                options = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                     target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+                if peft_model is None:
+                    peft_model = get_peft_model(model, options, adapter_name=policy.name)
+                else:
+                    peft_model.add_adapter(policy.name, options)
         self.model = peft_model
-        self.backends: dict[str, TorchBackend] = {
-            p.name: TorchBackend(peft_model, replace(config, lora=None), device=device, pad_id=pad_id,
-                                 adapter=p.name)
-            for p in self.router.policies}
+        self.backends: dict[str, TorchBackend] = {}
+        for policy in self.router.policies:
+            if policy.name in models:  # its own model: full fine-tuning, or its own LoRA
+                self.backends[policy.name] = TorchBackend(
+                    models[policy.name], replace(config, lora=policy.lora), device=device,
+                    pad_id=(pad_ids or {}).get(policy.name, pad_id))
+            else:
+                self.backends[policy.name] = TorchBackend(peft_model, replace(config, lora=None), device=device,
+                                                          pad_id=pad_id, adapter=policy.name)
+        self.tokenizers = dict(tokenizers or {})
         self.config = config
         self.step = 0
         self.version = 0
@@ -255,32 +293,49 @@ class MultiPolicyBackend:
     # ------------------------------------------------------------------ serving
 
     def engine(self, tokenizer: Any, **kwargs: Any) -> Any:
-        """A :class:`~agl_trainer.engine.TorchEngine` serving the shared model, one adapter per policy by name."""
+        """A :class:`~agl_trainer.engine.TorchEngine` serving the shared model, one adapter per policy by name;
+        with separate models, a :class:`PolicyEngines` over it and each separate model's own engine (named as
+        its policy, with its own tokenizer when :attr:`tokenizers` has one)."""
         from agl_trainer.engine import TorchEngine
 
-        engine = TorchEngine(self.model, tokenizer, adapters=self.names, **kwargs)
+        adapters = [n for n in self.names if n not in self.separate]
+        engine = TorchEngine(self.model, tokenizer, adapters=adapters, **kwargs)
         self.shared_engine = engine
-        for backend in self.backends.values():
-            backend.shared_engine = engine
-        return engine
+        for name in adapters:
+            self.backends[name].shared_engine = engine
+        if not self.separate:
+            return engine
+        own = {k: v for k, v in kwargs.items() if k != "name"}
+        engines = {name: self.backends[name].engine(self.tokenizers.get(name, tokenizer), name=name, **own)
+                   for name in self.separate}
+        return PolicyEngines(engine, engines)
 
     def shares(self, engine: Any) -> bool:
-        return getattr(engine, "model", None) is self.model
+        if isinstance(engine, PolicyEngines):
+            return engine.base.model is self.model and all(
+                self.backends[n].shares(engine.engines.get(n)) for n in self.separate)
+        return not self.separate and getattr(engine, "model", None) is self.model
 
     def publish(self, engine: Any, version: int | None = None) -> int:
-        """Serve every adapter as trained now; an engine on the shared model only takes the new version."""
+        """Serve every policy as trained now: an engine on the shared model only takes the new version."""
         self.version = self.step if version is None else version
         if not self.shares(engine):
             raise ValueError("several policies are served from the engine on their own model "
                              "(MultiPolicyBackend.engine) or from vLLM by LoRA name (MultiPolicyVllmLink)")
-        for backend in self.backends.values():
-            backend.version = self.version
-        engine.serve_version(self.version)
+        base = engine.base if isinstance(engine, PolicyEngines) else engine
+        for name, backend in self.backends.items():
+            if name in self.separate:
+                backend.publish(engine.engines[name], self.version)
+            else:
+                backend.version = self.version
+        base.serve_version(self.version)
         return self.version
 
     def save_adapters(self, folder: str | os.PathLike[str], version: int | None = None) -> dict[str, str]:
         """Each policy's adapter as peft saves it, in ``folder/<policy>``: what vLLM loads by name."""
         self.version = self.step if version is None else version
+        if self.separate:
+            raise ValueError(f"policies {self.separate} are models of their own: vLLM does not serve them yet")
         return {name: backend.save_adapter(os.path.join(folder, name), self.version)
                 for name, backend in self.backends.items()}
 
@@ -315,3 +370,48 @@ class MultiPolicyBackend:
     @staticmethod
     def has_checkpoint(folder: str | os.PathLike[str]) -> bool:
         return os.path.exists(os.path.join(folder, "policies.json"))
+
+
+class PolicyEngines:
+    """A gateway backend over the shared base's engine and each separate model's engine, by the call's ``model``.
+
+    A call for a separate policy's name (the gateway sets it from the call's agent) is answered by that
+    policy's engine, whose reply names it; any other call by the base's engine (its adapters, or the base).
+    """
+
+    def __init__(self, base: Any, engines: Mapping[str, Any]) -> None:
+        self.base = base
+        self.engines = dict(engines)
+        self.model = base.model
+
+    def _for(self, body: dict[str, Any]) -> Any:
+        engine = self.engines.get(body.get("model"))  # type: ignore[arg-type]
+        return engine if engine is not None else self.base
+
+    @property
+    def version(self) -> int:
+        return int(self.base.version)
+
+    async def complete(self, endpoint: Any, body: dict[str, Any]) -> Any:
+        return await self._for(body).complete(endpoint, body)
+
+    async def stream(self, endpoint: Any, body: dict[str, Any]) -> Any:
+        return await self._for(body).stream(endpoint, body)
+
+    async def models(self) -> list[str]:
+        return [*await self.base.models(), *self.engines]
+
+    async def update_weights(self, weights: str | None, version: int) -> None:
+        if weights is not None:
+            raise ValueError("several models are served in this process: their weights are published by the "
+                             "trainer here (MultiPolicyBackend.publish), not loaded from a path")
+        for engine in (self.base, *self.engines.values()):
+            await engine.update_weights(None, version)
+
+    def serve_version(self, version: int) -> None:
+        for engine in (self.base, *self.engines.values()):
+            engine.serve_version(version)
+
+    async def aclose(self) -> None:
+        for engine in (self.base, *self.engines.values()):
+            await engine.aclose()

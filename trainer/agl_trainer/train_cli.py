@@ -350,12 +350,22 @@ def _torch_backend(config: Config) -> tuple[Any, Any]:
                           lora_above_params=b.lora_above_params, gradient_checkpointing=b.gradient_checkpointing,
                           logit_chunk_tokens=b.logit_chunk_tokens,
                           temperature=float(a.temperature or 1.0))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad = _pad_id(tokenizer)
     if config.policies:
         from agl_trainer.policies import MultiPolicyBackend, policies_of
 
-        return MultiPolicyBackend(model, policies_of(config), options, device=b.device, pad_id=pad), tokenizer
+        policies = policies_of(config)
+        own = {p.name: (AutoModelForCausalLM.from_pretrained(config.path(p.model), dtype=getattr(torch, b.dtype)),
+                        AutoTokenizer.from_pretrained(config.path(p.model))) for p in policies if p.model}
+        return MultiPolicyBackend(model, policies, options, device=b.device, pad_id=pad,
+                                  models={n: m for n, (m, _) in own.items()},
+                                  tokenizers={n: t for n, (_, t) in own.items()},
+                                  pad_ids={n: _pad_id(t) for n, (_, t) in own.items()}), tokenizer
     return TorchBackend(model, options, device=b.device, pad_id=pad), tokenizer
+
+
+def _pad_id(tokenizer: Any) -> int:
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0))
 
 
 class _Local:
