@@ -461,11 +461,12 @@ def _seq_logprobs(model: Any, t: Any) -> list[float]:
 
 
 def _mixed(base: Any, judge: Any, tokenizer: Any) -> MultiPolicyBackend:
-    """The writer an adapter on the base, the checker its own model (fully fine-tuned)."""
+    """The writer an adapter on the base, the checker its own model (fully fine-tuned, at a lower lr)."""
+    config = TorchConfig(lr=5e-2, epochs=3, minibatches=2, gradient_checkpointing=False)
     return MultiPolicyBackend(base, [Policy("writer", "^writer$", LORA), Policy("checker", "^checker$", None)],
-                              TorchConfig(lr=5e-2, epochs=3, minibatches=2, gradient_checkpointing=False),
-                              pad_id=tokenizer.pad_token_id, models={"checker": judge},
-                              tokenizers={"checker": copy.deepcopy(tokenizer)})
+                              config, pad_id=tokenizer.pad_token_id, models={"checker": judge},
+                              tokenizers={"checker": copy.deepcopy(tokenizer)},
+                              configs={"checker": TorchConfig(**{**config.__dict__, "lr": 5e-3})})
 
 
 def test_a_policy_with_its_own_model_is_served_trained_and_resumed_beside_an_adapter(tmp_path: Path) -> None:
@@ -474,6 +475,7 @@ def test_a_policy_with_its_own_model_is_served_trained_and_resumed_beside_an_ada
     multi = _mixed(copy.deepcopy(base), copy.deepcopy(judge), tokenizer)
     assert multi.separate == ["checker"] and multi.backends["checker"].model is not multi.model
     assert multi.backends["checker"].config.lora is None  # full fine-tuning: every weight of its own model trains
+    assert multi.backends["checker"].config.lr == 5e-3 and multi.backends["writer"].config.lr == 5e-2
     run = Run(tmp_path, multi, tokenizer, [{"id": 1, "roles": ["checker"]}], router=multi.router)
     try:
         assert run.engine.engines["checker"].model is multi.backends["checker"].model  # one set of weights
@@ -549,3 +551,65 @@ def test_a_separate_model_needs_loading_and_is_refused_with_vllm() -> None:
     base, _ = _tiny()
     with pytest.raises(ValueError, match=r"policies \['judge'\] name a model of their own"):
         MultiPolicyBackend(base, [Policy("judge", "judge", None, model="j")])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_separate_models_agent_is_answered_by_that_model_streamed_too(make_server: Any, stream: bool) -> None:
+    base, tokenizer = _tiny()
+    multi = _mixed(base, _judge(), tokenizer)
+    engine = multi.engine(tokenizer, name="base", seed=0, default_max_tokens=1)
+    server = make_server(engine, gateway=GatewayConfig(policies=multi.router))
+    for role, served_by in (("checker", "checker"), ("writer", "writer"), ("judge", "base")):
+        served, rollout_id = _rollout(server.url, role, stream=stream)
+        assert served == served_by, role
+        logprob, prompt, response, attrs = _recorded_logprob(server.server.store, rollout_id)
+        t = server.server.store.trajectories(rollout_ids=[rollout_id])[0].transitions[0] \
+            if role != "judge" else None
+        judge_lp = _seq_logprobs(multi.backends["checker"].model,
+                                 type("T", (), {"prompt_token_ids": prompt, "response_token_ids": response}))[0]
+        base_lp = _logprob(multi.model, prompt, response[0], None)
+        if served_by == "checker":
+            assert logprob == pytest.approx(judge_lp, abs=1e-4) and abs(base_lp - logprob) > 1e-3
+            assert t is not None and t.model == "checker"
+        else:
+            assert abs(judge_lp - logprob) > 1e-3, role
+    assert sorted(asyncio_run(engine.models())) == ["base", "checker", "writer"]
+
+
+def asyncio_run(coro: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def test_agl_train_trains_a_policy_of_its_own_model_from_a_config_and_resumes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agl_trainer.config import validate
+    from agl_trainer.train_cli import run_training
+
+    model, tokenizer = _tiny()
+    model.save_pretrained(tmp_path / "policy")
+    tokenizer.save_pretrained(tmp_path / "policy")
+    _judge().save_pretrained(tmp_path / "judge")
+    tokenizer.save_pretrained(tmp_path / "judge")
+    (tmp_path / "roles_agent.py").write_text(ROLES_AGENT, encoding="utf-8")
+    (tmp_path / "tasks.jsonl").write_text('{"id": 0}\n', encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = {"data": {"path": "tasks.jsonl", "group_size": 4, "tasks_per_step": 1}, "agent": "roles_agent:solve",
+           "backend": {"model": "policy", "threads": 1, "gradient_checkpointing": False,
+                       "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]}},
+           "algorithm": {"lr": 1e-2},
+           "policies": {"writer": {"agents": "^writer$"},
+                        "checker": {"agents": "^checker$", "model": "judge", "lr": 1e-3}},
+           "workers": {"count": 4}, "run": {"steps": 1, "dir": "out", "checkpoint_every": 1}}
+    outcome = run_training(validate(raw, base_dir=str(tmp_path)), progress=False)
+    metrics = outcome.steps[-1]["metrics"]
+    for name in ("writer", "checker"):
+        assert metrics[f"policy/{name}/transitions"] == 4 and metrics[f"policy/{name}/rows"] > 0, metrics
+        assert not metrics.get(f"policy/{name}/served_elsewhere"), metrics  # each call answered by its own policy
+    state = torch.load(tmp_path / "out" / "checkpoint" / "policies" / "checker" / "trainer.pt", weights_only=True)
+    shapes = {tuple(v.shape) for k, v in state["model"].items()}
+    assert not any("lora" in k for k in state["model"]) and (48, 48) in shapes  # the judge itself, every weight
+    raw["run"]["steps"] = 2
+    again = run_training(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert again.resumed and [s["step"] for s in again.steps] == [1, 2]

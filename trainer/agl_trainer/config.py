@@ -126,6 +126,8 @@ class PolicyConfig(_Section):
     model: str | None = None
     """A model of its own (a Hugging Face model folder, as ``backend.model``), trained and served apart from the
     base; None: an adapter on ``backend.model`` (docs/multi-policy.md)."""
+    lr: Annotated[float, Field(gt=0)] | None = None
+    """This policy's learning rate; None: ``algorithm.lr`` (a fully fine-tuned model often wants a lower one)."""
 
 
 class VerlConfig(_Section):

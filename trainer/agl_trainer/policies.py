@@ -179,20 +179,24 @@ class MultiPolicyBackend:
     Duck-types the parts of :class:`TorchBackend` the training loop uses (``step``, ``version``,
     ``publish``, ``save``, ``load``, ``has_checkpoint``, ``engine``); the loop calls :meth:`update_policies`
     in place of ``update``. ``tokenizers`` (``{name: tokenizer}``) are the separate models' own, for their
-    engines; ``pad_ids`` their padding ids (default ``pad_id``).
+    engines; ``pad_ids`` their padding ids (default ``pad_id``); ``configs`` a policy's own
+    :class:`TorchConfig` in place of ``config`` (say a lower ``lr`` for a fully fine-tuned model; its ``lora`` is
+    the policy's, whatever the config says).
     """
 
     def __init__(self, model: Any, policies: Sequence[Policy], config: TorchConfig | None = None, *,
                  device: str | None = None, pad_id: int = 0, models: Mapping[str, Any] | None = None,
-                 tokenizers: Mapping[str, Any] | None = None, pad_ids: Mapping[str, int] | None = None) -> None:
+                 tokenizers: Mapping[str, Any] | None = None, pad_ids: Mapping[str, int] | None = None,
+                 configs: Mapping[str, TorchConfig] | None = None) -> None:
         import torch
 
         self.router = policies if isinstance(policies, PolicyRouter) else PolicyRouter(policies)
         config = config or TorchConfig()
         models = dict(models or {})
-        unknown = sorted(set(models) - set(self.router.names))
+        own = dict(configs or {})
+        unknown = sorted((set(models) | set(own)) - set(self.router.names))
         if unknown:
-            raise ValueError(f"models {unknown}: no policy of that name ({', '.join(self.router.names)})")
+            raise ValueError(f"models or configs {unknown}: no policy of that name ({', '.join(self.router.names)})")
         unloaded = [p.name for p in self.router.policies if p.model is not None and p.name not in models]
         if unloaded:
             raise ValueError(f"policies {unloaded} name a model of their own: pass each loaded, "
@@ -229,11 +233,11 @@ class MultiPolicyBackend:
         for policy in self.router.policies:
             if policy.name in models:  # its own model: full fine-tuning, or its own LoRA
                 self.backends[policy.name] = TorchBackend(
-                    models[policy.name], replace(config, lora=policy.lora), device=device,
+                    models[policy.name], replace(own.get(policy.name, config), lora=policy.lora), device=device,
                     pad_id=(pad_ids or {}).get(policy.name, pad_id))
             else:
-                self.backends[policy.name] = TorchBackend(peft_model, replace(config, lora=None), device=device,
-                                                          pad_id=pad_id, adapter=policy.name)
+                self.backends[policy.name] = TorchBackend(peft_model, replace(own.get(policy.name, config), lora=None),
+                                                          device=device, pad_id=pad_id, adapter=policy.name)
         self.tokenizers = dict(tokenizers or {})
         self.config = config
         self.step = 0

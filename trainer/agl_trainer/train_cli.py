@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import click
@@ -360,7 +360,9 @@ def _torch_backend(config: Config) -> tuple[Any, Any]:
         return MultiPolicyBackend(model, policies, options, device=b.device, pad_id=pad,
                                   models={n: m for n, (m, _) in own.items()},
                                   tokenizers={n: t for n, (_, t) in own.items()},
-                                  pad_ids={n: _pad_id(t) for n, (_, t) in own.items()}), tokenizer
+                                  pad_ids={n: _pad_id(t) for n, (_, t) in own.items()},
+                                  configs={n: replace(options, lr=p.lr) for n, p in config.policies.items()
+                                           if p.lr is not None}), tokenizer
     return TorchBackend(model, options, device=b.device, pad_id=pad), tokenizer
 
 
