@@ -29,6 +29,7 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
     policies:                    # instead of agent_match: several policies, each agent role its own LoRA adapter
       writer: {agents: "writer|rewriter", lora: {r: 16}}   # (docs/multi-policy.md; lora: backend.lora's default)
       checker: {agents: "checker"}
+      judge: {agents: "judge", model: ./judge-model}   # a model of its own: fully fine-tuned (or its own lora)
     air: {tool_error: -0.1, tool_exception: -0.1}   # custom: my_pkg.rewards:tool_said_error, (span) -> reward | None
     workers: {count: 4}          # or {count: 8, ray: "auto"}; count 0: run `agl worker` yourself
     server: {host: 127.0.0.1, port: 0, db: agl.db}    # or {url: "http://host:8000", token: ...}
