@@ -50,7 +50,7 @@ def langchain_instrumented() -> Iterator[None]:
     active = agl.instrument(["langchain"])
     assert "langchain" in active
     yield
-    agl.uninstrument(["langchain"])  # not every plugin: the suite's openai plugin stays on for the tests after
+    agl.uninstrument(["langchain"])  # only it: the suite's openai plugin stays on for the tests after
 
 
 @pytest.fixture

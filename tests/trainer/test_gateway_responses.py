@@ -184,7 +184,8 @@ def framework_plugins() -> Iterator[None]:
     active = agl.instrument(["pydantic_ai", "agent_framework"])
     assert set(active) == {"pydantic_ai", "agent_framework"}, active
     yield
-    agl.uninstrument(["pydantic_ai", "agent_framework"])  # not every plugin: the suite's openai plugin stays on for the tests after
+    # not every plugin: the suite's openai plugin stays on for the tests after
+    agl.uninstrument(["pydantic_ai", "agent_framework"])
 
 
 async def _pydantic_ai_agent(url: str) -> str:

@@ -353,3 +353,22 @@ def test_an_llm_span_that_arrives_after_its_call_was_stored_still_merges_with_it
     (t,) = srv.server.store.transitions(rollout_id=rid)
     assert t.agent_name == "writer" and t.token_source == "gateway" and t.span_id == "c" * 16
     assert t.response_token_ids == tokenize("late words")
+
+
+def test_a_reward_posted_while_running_survives_the_finishing_post(
+        fake: FakeOpenAI, make_server: ServerFactory) -> None:
+    srv = make_server(fake)
+    _open(srv.url, "stepwise")
+    base = f"{srv.url}/rollouts/stepwise/v1/chat/completions"
+    httpx.post(base, json={"messages": [{"role": "user", "content": "one"}]})
+    between = time.time_ns()
+    running = {"id": "stepwise", "task_id": "t1", "status": "running",
+               "rewards": [{"value": -0.5, "name": "bad_tool", "time_ns": between}]}
+    assert httpx.post(srv.url + "/v1/rollouts", json=running).status_code == 201
+    httpx.post(base, json={"messages": [{"role": "user", "content": "two"}]})
+    finished = {"id": "stepwise", "task_id": "t1", "status": "succeeded", "rewards": [{"value": 2.0}]}
+    r = httpx.post(srv.url + "/v1/rollouts", json=finished)
+    assert r.status_code == 201, r.text
+    (traj,) = srv.server.store.trajectories(rollout_ids=["stepwise"])
+    # each post's first reward had one span id: the final reward's span replaced the intermediate one
+    assert [t.reward for t in traj.transitions] == [-0.5, None] and traj.reward == 2.0

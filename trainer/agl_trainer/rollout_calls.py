@@ -504,10 +504,17 @@ def _reward_spans(rollout: Rollout, have: set[str]) -> list[Span]:
     """A reward span for each of ``rollout.rewards`` that has none (posted without spans); their ids set on them."""
     out = []
     end_ns = int((rollout.end_time or time.time()) * 1e9)
-    for i, reward in enumerate(rollout.rewards):
+    seen: dict[tuple[Any, ...], int] = {}
+    for reward in rollout.rewards:
         if reward.span_id is not None and reward.span_id in have:
             continue
-        span_id = reward.span_id or hashlib.sha256(f"{rollout.id}:reward:{i}".encode()).hexdigest()[:16]
+        # the id is what the reward is (and which of its equals in this post), not its place in the list: a later
+        # post (the finishing one after a running one) lists other rewards at the same places, and the same id
+        # would replace a stored reward span; a retry of the same post still gives the same ids
+        what = (reward.name, reward.value, reward.time_ns)
+        seen[what] = seen.get(what, 0) + 1
+        key = f"{rollout.id}:reward:{reward.name}:{reward.value!r}:{reward.time_ns}:{seen[what]}"
+        span_id = reward.span_id or hashlib.sha256(key.encode()).hexdigest()[:16]
         if span_id in have:
             continue
         attrs: dict[str, Any] = {semconv.AGL_SPAN_KIND: semconv.KIND_REWARD, semconv.AGL_REWARD_VALUE: reward.value}
