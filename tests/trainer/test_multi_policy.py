@@ -321,6 +321,8 @@ def test_the_policies_section_is_checked_and_names_the_fix() -> None:
         validate(_raw(policies={"w": {"agents": "("}}))
     with pytest.raises(ConfigError, match=r"^config error: policies\.a b: a policy's name"):
         validate(_raw(policies={"a b": {"agents": "x"}}))
+    with pytest.raises(ConfigError, match=r"^config error: policies\.writer\.v2: .*peft refuses '\.'"):
+        validate(_raw(policies={"writer.v2": {"agents": "x"}}))  # passed --check, then peft raised building the model
     with pytest.raises(ConfigError, match=r"^config error: policies: are trained by the torch backend"):
         validate(_raw(policies={"w": {"agents": "w"}}, backend={"model": "m", "name": "verl"}))
     with pytest.raises(ConfigError, match=r"^config error: policies: train model weights.*algorithm\.name apo"):
@@ -628,3 +630,15 @@ def test_agl_train_trains_a_policy_of_its_own_model_from_a_config_and_resumes_it
     raw["run"]["steps"] = 2
     again = run_training(validate(raw, base_dir=str(tmp_path)), progress=False)
     assert again.resumed and [s["step"] for s in again.steps] == [1, 2]
+
+
+def test_the_steps_signal_figures_keep_the_worst_policys_not_the_mean() -> None:
+    from agl_trainer.policies import _joined
+
+    # a writer drifting up and a checker drifting down are no healthy 1.0 (the ratio-drift warning reads the step's)
+    assert _joined("ratio_first_mean", [1.3, 0.7]) == pytest.approx(1.3)
+    assert _joined("ratio_first_mean", [1.0, 0.8]) == pytest.approx(0.8)
+    assert _joined("ratio_first_min", [0.9, 0.5]) == 0.5 and _joined("ratio_first_max", [1.1, 2.0]) == 2.0
+    assert _joined("sampler_kl", [0.01, 0.2]) == 0.2
+    assert _joined("skipped_steps", [0.0, 1.0]) == 1.0 and _joined("rows", [3.0, 4.0]) == 7.0
+    assert _joined("loss", [1.0, 3.0]) == 2.0

@@ -407,6 +407,10 @@ class Config(_Section):
         return value if os.path.isabs(value) else os.path.normpath(os.path.join(self.base_dir, value))
 
 
+POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+"""A policy's name: it names its LoRA adapter (peft refuses a '.') and the model it is served as."""
+
+
 class ConfigError(ValueError):
     """A config that cannot run; ``key`` is the dotted path of the key at fault ("" for the whole file)."""
 
@@ -589,10 +593,10 @@ def _check_policies(config: Config) -> None:
     if not policies:
         raise ConfigError("policies", "is empty: name at least one policy ({NAME: {agents: REGEX}}), or leave it out")
     for name, policy in policies.items():
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        if not POLICY_NAME.fullmatch(name):
             raise ConfigError(f"policies.{name}", "a policy's name names its LoRA adapter and the model it is "
-                              "served as: letters, digits, '_', '.', '-' only, at most 64, starting with a letter or "
-                              "digit")
+                              "served as: letters, digits, '_', '-' only (peft refuses '.'), at most 64, starting "
+                              "with a letter or digit")
         try:
             re.compile(policy.agents)
         except re.error as exc:

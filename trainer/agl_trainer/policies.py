@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agl_core.schema import Trajectory
+from agl_trainer.config import POLICY_NAME
 from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig
 
 __all__ = ["MultiPolicyBackend", "Policy", "PolicyEngines", "PolicyRouter", "Route", "policies_of",
@@ -48,7 +49,6 @@ __all__ = ["MultiPolicyBackend", "Policy", "PolicyEngines", "PolicyRouter", "Rou
 
 logger = logging.getLogger("agl.trainer")
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,10 @@ class Policy:
     """A separate model of its own (a path or hub id, as ``backend.model``); None: an adapter on the shared base."""
 
     def __post_init__(self) -> None:
-        if not _NAME.fullmatch(self.name):
-            raise ValueError(f"policy name {self.name!r}: letters, digits, '_', '.', '-' only (it names a LoRA "
-                             "adapter and the model it is served as), at most 64, starting with a letter or digit")
+        if not POLICY_NAME.fullmatch(self.name):
+            raise ValueError(f"policy name {self.name!r}: letters, digits, '_', '-' only (it names a LoRA adapter, "
+                             "where peft refuses '.', and the model it is served as), at most 64, starting with a "
+                             "letter or digit")
         try:
             re.compile(self.agents)
         except re.error as exc:
@@ -168,8 +169,22 @@ def split_by_policy(trajectories: Sequence[Trajectory], router: PolicyRouter,
     return out
 
 
-_REPORTED = ("loss", "pg", "kl", "approx_kl", "clip_fraction", "ratio_mean", "ratio_first_mean", "entropy",
-             "grad_norm", "rows", "update_s")
+_REPORTED = ("loss", "pg", "kl", "approx_kl", "clip_fraction", "ratio_mean", "ratio_first_mean", "ratio_first_min",
+             "ratio_first_max", "sampler_kl", "skipped_steps", "entropy", "grad_norm", "rows", "update_s")
+
+
+def _joined(key: str, values: list[float]) -> float:
+    """The step's figure for ``key`` from its policies' figures: the signal checks read the step's, so a drift or
+    a skipped step of one policy must not be averaged away by another's (1.3 and 0.7 are no 1.0)."""
+    if key in ("rows", "update_s", "skipped_steps"):
+        return sum(values)
+    if key == "ratio_first_mean":
+        return max(values, key=lambda v: abs(v - 1.0))
+    if key == "ratio_first_min":
+        return min(values)
+    if key in ("ratio_first_max", "sampler_kl"):
+        return max(values)
+    return sum(values) / len(values)
 
 
 class MultiPolicyBackend:
@@ -290,7 +305,7 @@ class MultiPolicyBackend:
         for key in _REPORTED:
             values = [m[key] for m in stepped if key in m]
             if values:
-                metrics[key] = sum(values) if key in ("rows", "update_s") else sum(values) / len(values)
+                metrics[key] = _joined(key, values)
         self.step += 1
         return metrics
 
