@@ -18,10 +18,12 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
+import httpx
 import pytest
 
 pytest.importorskip("langgraph")
@@ -51,6 +53,8 @@ ROLES = {"writer": "A", "checker": "B"}
 PROMPT = [{"role": "user", "content": "say one"}]
 LORA = LoraOptions(r=4, alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj", "lm_head"])
 POLICIES = [Policy("writer", "^writer$", LORA), Policy("checker", "^checker$", LORA)]
+OWN_CREDIT = [Policy(p.name, p.agents, p.lora, credit="discounted", gamma=0.0) for p in POLICIES]
+"""Each policy credited its own calls' rewards alone (the run's default: every call the run's return)."""
 
 
 class State(TypedDict, total=False):
@@ -61,13 +65,15 @@ class State(TypedDict, total=False):
 def _node(role: str) -> Any:
     def node(state: State) -> State:
         model = ChatOpenAI(model="policy", max_retries=0, max_tokens=1, temperature=1.0)
-        reply = model.invoke(PROMPT)
-        return {"said": {**state.get("said", {}), role: str(reply.content).strip()}}
+        said = str(model.invoke(PROMPT).content).strip()
+        agl.emit_reward(0.5 if said == ROLES[role] else 0.0, name=role)  # on this role's own call
+        return {"said": {**state.get("said", {}), role: said}}
     return node
 
 
-def two_roles(task: dict[str, Any]) -> float:
-    """The writer, then the checker (or only the roles the task names), on the same prompt; 0.5 per right answer."""
+def two_roles(task: dict[str, Any]) -> None:
+    """The writer, then the checker (or only the roles the task names), on the same prompt; each call rewarded 0.5
+    when right, on the call (no final reward: the run's return, its ``final`` credit, is the sum)."""
     roles = task.get("roles", list(ROLES))
     graph = StateGraph(State)
     last = START
@@ -76,8 +82,7 @@ def two_roles(task: dict[str, Any]) -> float:
         graph.add_edge(last, role)
         last = role
     graph.add_edge(last, END)
-    said = graph.compile().invoke({"roles": roles, "said": {}})["said"]
-    return sum(0.5 for role, want in ROLES.items() if said.get(role) == want)
+    graph.compile().invoke({"roles": roles, "said": {}})
 
 
 @pytest.fixture(autouse=True)
@@ -147,8 +152,9 @@ def test_two_adapters_learn_opposite_roles_that_one_shared_policy_cannot(tmp_pat
     # 0.5 on average whatever it learns (p/2 + (1-p)/2); 6 steps x 16 rollouts: 0.62 is over 3 standard errors
     assert sum(single) / len(single) < 0.62, single
 
-    # two policies: each role its own adapter
-    multi = MultiPolicyBackend(copy.deepcopy(base), POLICIES, config, pad_id=tokenizer.pad_token_id)
+    # two policies: each role its own adapter, trained on its own calls' rewards (with the run's return for both,
+    # the other role's answer is noise in each one's advantage, and a role can settle on the wrong answer for good)
+    multi = MultiPolicyBackend(copy.deepcopy(base), OWN_CREDIT, config, pad_id=tokenizer.pad_token_id)
     (tmp_path / "multi").mkdir()
     run = Run(tmp_path / "multi", multi, tokenizer, [{"id": 0}], router=multi.router)
     try:
@@ -192,7 +198,7 @@ def test_two_adapters_learn_opposite_roles_that_one_shared_policy_cannot(tmp_pat
         run.close()
 
     # resume: every policy's adapter (and the step) comes back
-    again = MultiPolicyBackend(copy.deepcopy(base), POLICIES, config, pad_id=tokenizer.pad_token_id)
+    again = MultiPolicyBackend(copy.deepcopy(base), OWN_CREDIT, config, pad_id=tokenizer.pad_token_id)
     assert not _same(_adapter_weights(again, "writer"), saved["writer"])
     again.load(tmp_path / "multi" / "ckpt")
     assert again.step == steps
@@ -200,6 +206,53 @@ def test_two_adapters_learn_opposite_roles_that_one_shared_policy_cannot(tmp_pat
         assert _same(_adapter_weights(again, name), saved[name])
     with pytest.raises(ValueError, match="holds policies"):
         MultiPolicyBackend(copy.deepcopy(base), POLICIES[:1], config).load(tmp_path / "multi" / "ckpt")
+
+
+def test_a_policy_with_its_own_credit_is_trained_on_its_calls_rewards_the_others_on_the_runs(tmp_path: Path) -> None:
+    base, tokenizer = _tiny()
+    policies = [POLICIES[0], OWN_CREDIT[1]]  # the writer the run's return (the default), the checker its own reward
+    multi = MultiPolicyBackend(base, policies, TorchConfig(lr=1e-3, gradient_checkpointing=False),
+                               pad_id=tokenizer.pad_token_id)
+    run = Run(tmp_path, multi, tokenizer, [{"id": 0}], router=multi.router, group_size=12)
+    try:
+        step = run.trainer.step()
+        calls = {traj.rollout_id: {t.agent_name: t.reward or 0.0 for t in traj.transitions}
+                 for traj in run.server.store.trajectories()}
+    finally:
+        run.close()
+    assert len(calls) == 12 and all(set(c) == {"writer", "checker"} for c in calls.values())
+    writer, checker = multi.last_batches["writer"].scored, multi.last_batches["checker"].scored
+    for scored in writer:  # the run's return: its own call's reward and the checker's after it
+        assert scored.credited == [pytest.approx(sum(calls[scored.trajectory.rollout_id].values()))]
+    for scored in checker:  # its own call's reward alone
+        assert scored.credited == [pytest.approx(calls[scored.trajectory.rollout_id]["checker"])]
+    said_b = [s.advantages[0] for s in checker if calls[s.trajectory.rollout_id]["checker"] > 0]
+    said_a = [s.advantages[0] for s in checker if calls[s.trajectory.rollout_id]["checker"] == 0]
+    if said_a and said_b:  # a checker that said B is pushed up, whatever the writer said
+        assert min(said_b) > 0 > max(said_a), (said_b, said_a)
+    # the step counts what the policies trained: each call once, in its own policy's rows
+    assert step.transitions == 24 and step.metrics["transitions_trained"] <= 24
+    assert step.rows == step.metrics["policy/writer/rows"] + step.metrics["policy/checker/rows"]
+
+
+def test_a_step_whose_policies_had_nothing_to_learn_says_so_though_the_runs_credit_had_spread(tmp_path: Path) -> None:
+    def nothing(rewards: Any, final: Any) -> list[float]:
+        return [0.0] * len(rewards)
+
+    base, tokenizer = _tiny()
+    flat = [Policy(p.name, p.agents, p.lora, credit=nothing) for p in POLICIES]
+    multi = MultiPolicyBackend(base, flat, TorchConfig(gradient_checkpointing=False), pad_id=tokenizer.pad_token_id)
+    run = Run(tmp_path, multi, tokenizer, [{"id": 0}], router=multi.router, group_size=12)
+    try:
+        step = run.trainer.step()
+        returns = {sum(t.reward or 0.0 for t in traj.transitions) for traj in run.server.store.trajectories()}
+    finally:
+        run.close()
+    assert len(returns) > 1  # the run's own credit had something to learn from
+    # the step's signal is the policies' (each group flat: nothing to learn), not the run's credit's (spread)
+    assert step.metrics["flat_groups"] == step.metrics["groups"] == 2, step.metrics
+    assert step.metrics["advantage_max_abs"] == 0.0 and step.metrics["warn_flat_groups"] == 1.0
+    assert any("2 of 2 groups" in line for line in step.warnings), step.warnings
 
 
 # ---------------------------------------------------------------------- routing
@@ -275,6 +328,31 @@ def test_each_agent_is_answered_by_its_own_adapter_and_an_unknown_one_by_the_bas
         assert (f"policy {policy}" if policy else "base model: agent 'judge' matches no policy") in shown, shown
 
 
+def test_calls_of_alternating_adapters_are_batched_by_adapter_not_one_a_batch(make_server: Any) -> None:
+    base, tokenizer = _tiny()
+    multi = MultiPolicyBackend(base, POLICIES, TorchConfig(gradient_checkpointing=False),
+                               pad_id=tokenizer.pad_token_id)
+    engine = multi.engine(tokenizer, name="base", seed=0, default_max_tokens=1, max_batch=8, batch_wait_s=0.5)
+    server = make_server(engine, gateway=GatewayConfig(policies=multi.router))
+    answered: dict[int, str] = {}
+
+    def call(i: int) -> None:  # writer, checker, writer, ... arriving interleaved within one batch window
+        body = {"model": "policy", "messages": PROMPT, "max_tokens": 1}
+        reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60,
+                           headers={"X-Agl-Agent": ("writer", "checker")[i % 2]})
+        answered[i] = reply.json()["model"]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    assert answered == {i: ("writer", "checker")[i % 2] for i in range(8)}
+    # one batch per adapter (the second adapter's calls waited for theirs), never eight batches of one
+    assert sorted(engine.batches) == [4, 4], engine.batches
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_vllm_serves_each_agent_by_its_policys_lora_name(make_server: Any, tmp_path: Path, stream: bool) -> None:
     base, tokenizer = _tiny()
@@ -311,8 +389,21 @@ def test_the_policies_section_is_checked_and_names_the_fix() -> None:
                            backend={"model": "m", "lora": {"r": 2, "alpha": 4}}))
     policies = policies_of(config)
     assert [(p.name, p.agents, p.lora.r) for p in policies] == [("writer", "writ", 16), ("checker", "check", 2)]
+    assert [(p.credit, p.gamma) for p in policies] == [(None, 1.0), (None, 1.0)]  # the run's credit
     builder = transition_builder(config)
     assert builder.settings()["agent_match"] == "(?:writ)|(?:check)"
+    own = validate(_raw(policies={"w": {"agents": "w", "credit": {"method": "discounted", "gamma": 0}},
+                                  "c": {"agents": "c", "credit": {"method": "custom",
+                                                                  "function": "agl_core.credit:assign"}}}))
+    w, c = policies_of(own)
+    assert (w.credit, w.gamma) == ("discounted", 0.0)
+    from agl_core.credit import assign
+    assert c.credit is assign
+    with pytest.raises(ConfigError, match=r"^config error: policies\.w\.credit\.function: required with "
+                                          r"policies\.w\.credit\.method: custom"):
+        validate(_raw(policies={"w": {"agents": "w", "credit": {"method": "custom"}}}))
+    with pytest.raises(ConfigError, match=r"policies\.w\.credit\.gamma"):
+        validate(_raw(policies={"w": {"agents": "w", "credit": {"method": "discounted", "gamma": 2}}}))
     with pytest.raises(ConfigError, match=r"^config error: policies: and agent_match \('writer'\) both select the "
                                           r"trained agents: .*drop agent_match"):
         validate(_raw(policies={"w": {"agents": "w"}}, agent_match="writer"))

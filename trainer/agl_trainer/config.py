@@ -28,7 +28,7 @@ A config is a YAML (or JSON) mapping of sections; every key has a default but
     agent_match: "writer|rewriter"  # a regex searched in the agent name ("write": write_query and rewrite_query)
     policies:                    # instead of agent_match: several policies, each agent role its own LoRA adapter
       writer: {agents: "writer|rewriter", lora: {r: 16}}   # (docs/multi-policy.md; lora: backend.lora's default)
-      checker: {agents: "checker"}
+      checker: {agents: "checker", credit: {method: discounted, gamma: 0}}   # credit: its own; default the run's
       judge: {agents: "judge", model: ./judge-model}   # a model of its own: fully fine-tuned (or its own lora)
     air: {tool_error: -0.1, tool_exception: -0.1}   # custom: my_pkg.rewards:tool_said_error, (span) -> reward | None
     workers: {count: 4}          # or {count: 8, ray: "auto"}; count 0: run `agl worker` yourself
@@ -116,6 +116,13 @@ class LoraConfig(_Section):
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
+class CreditConfig(_Section):
+    method: Literal["final", "discounted", "custom"] = "final"
+    gamma: Annotated[Float, Field(ge=0.0, le=1.0)] = 1.0
+    function: Annotated[str, Field(pattern=_AGENT)] | None = None
+    """With ``method: custom``: ``pkg.module:fn``, ``fn(rewards, final) -> list[float | None]``."""
+
+
 class PolicyConfig(_Section):
     """One of several policies (``policies: {NAME: ...}``): the agents it serves and trains, its LoRA adapter."""
 
@@ -129,6 +136,10 @@ class PolicyConfig(_Section):
     base; None: an adapter on ``backend.model`` (docs/multi-policy.md)."""
     lr: Annotated[float, Field(gt=0)] | None = None
     """This policy's learning rate; None: ``algorithm.lr`` (a fully fine-tuned model often wants a lower one)."""
+    credit: CreditConfig | None = None
+    """How this policy's calls are credited from the run's rewards (``method``, ``gamma``, ``function`` as the
+    run's ``credit``), over every call of the run in order; None: the run's ``credit`` (every policy gets the
+    run's credited rewards for its calls). ``{method: discounted, gamma: 0}``: each call its own reward."""
 
 
 class VerlConfig(_Section):
@@ -236,13 +247,6 @@ class SftConfig(_Section):
     """Passes over the selected examples (per round, with rft)."""
     batch_size: PosInt = 8
     """Sequences per optimizer step."""
-
-
-class CreditConfig(_Section):
-    method: Literal["final", "discounted", "custom"] = "final"
-    gamma: Annotated[Float, Field(ge=0.0, le=1.0)] = 1.0
-    function: Annotated[str, Field(pattern=_AGENT)] | None = None
-    """With ``method: custom``: ``pkg.module:fn``, ``fn(rewards, final) -> list[float | None]``."""
 
 
 class AirConfig(_Section):
@@ -522,11 +526,7 @@ def _cross_check(config: Config) -> None:
         raise ConfigError("apo", f"is only used with algorithm.name: apo, not {config.algorithm.name}")
     if config.backend is None:
         raise ConfigError("backend", "is required, and missing")
-    credit = config.credit
-    if credit.method == "custom" and credit.function is None:
-        raise ConfigError("credit.function", "required with credit.method: custom (pkg.module:function)")
-    if credit.method != "custom" and credit.function is not None:
-        raise ConfigError("credit.function", f"is only used with credit.method: custom, not {credit.method}")
+    _check_credit(config.credit, "credit")
     if config.sft.agent is not None:
         try:
             re.compile(config.sft.agent)
@@ -584,6 +584,13 @@ def _cross_check(config: Config) -> None:
                           "validation (backend.verl.overrides: data.val_files=..., trainer.test_freq=N)")
 
 
+def _check_credit(credit: CreditConfig, where: str) -> None:
+    if credit.method == "custom" and credit.function is None:
+        raise ConfigError(f"{where}.function", f"required with {where}.method: custom (pkg.module:function)")
+    if credit.method != "custom" and credit.function is not None:
+        raise ConfigError(f"{where}.function", f"is only used with {where}.method: custom, not {credit.method}")
+
+
 def _check_policies(config: Config) -> None:
     policies = config.policies or {}
     if config.agent_match is not None:
@@ -602,6 +609,8 @@ def _check_policies(config: Config) -> None:
         except re.error as exc:
             raise ConfigError(f"policies.{name}.agents", f"{policy.agents!r} is not a valid regular expression: "
                               f"{exc}") from None
+        if policy.credit is not None:
+            _check_credit(policy.credit, f"policies.{name}.credit")
         if policy.model is not None and config.backend.vllm is not None:
             raise ConfigError(f"policies.{name}.model", "a policy with a model of its own is served by the torch "
                               "engine only yet, not with backend.vllm (which serves LoRA adapters on its base): "
@@ -631,8 +640,11 @@ def check(config: Config) -> None:
                                                                             "config.json")):
                 raise ConfigError(f"policies.{name}.model", f"{config.path(policy.model)} is not a Hugging Face "
                                   "model folder (no config.json)")
-    for key, spec in (("agent", config.agent), ("credit.function", config.credit.function),
-                      ("air.custom", config.air.custom)):
+    functions = [("agent", config.agent), ("credit.function", config.credit.function),
+                 ("air.custom", config.air.custom)]
+    functions += [(f"policies.{name}.credit.function", p.credit.function)
+                  for name, p in (config.policies or {}).items() if p.credit is not None]
+    for key, spec in functions:
         if spec is None:
             continue
         module = spec.partition(":")[0]

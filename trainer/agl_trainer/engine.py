@@ -39,8 +39,10 @@ answers them (``prompt_token_ids``, per-choice ``token_ids``, per-token
   :meth:`TorchEngine.paused` while it updates them and then calls :meth:`TorchEngine.serve_version`.
 - **Several policies** (``adapters``, :mod:`agl_trainer.policies`): a peft model holding one LoRA
   adapter per policy serves a call for ``model`` NAME from adapter NAME, and a call for its own
-  ``name`` from the base (every adapter switched off). A batch holds one adapter's calls only; the
-  reply names the model that answered.
+  ``name`` from the base (every adapter switched off). A batch holds one adapter's calls only: the
+  oldest waiting call's adapter goes next, gathering its calls while the others wait for their own
+  batch (calls of two roles arriving interleaved are not batched one a batch); the reply names the
+  model that answered.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ class TorchEngine:
             self._generator.manual_seed(seed)
         self._lock = threading.Lock()  # held while a batch generates, and while weights are swapped
         self._requests: queue.Queue[_Row | None] = queue.Queue()
-        self._next: _Row | None = None  # a row of another adapter than the batch it arrived for: the next batch's
+        self._waiting: list[_Row] = []  # arrived, not generated yet, oldest first (the generation thread's own)
         self._thread = threading.Thread(target=self._run, name="agl-torch-engine", daemon=True)
         self._thread.start()
 
@@ -440,33 +442,42 @@ class TorchEngine:
 
     def _run(self) -> None:
         while True:
-            row, self._next = (self._next, None) if self._next is not None else (self._requests.get(), None)
-            if row is None:
-                return
-            if row.cancelled:
-                self._drop(row)
-                continue
-            batch = [row]
+            if not self._waiting:
+                first = self._requests.get()
+                if first is None:
+                    return
+                self._hold(first)
+                if not self._waiting:
+                    continue
+            # the oldest waiting row's adapter generates next (one adapter a batch; no adapter waits behind
+            # another's stream of calls); the window gathers more of its rows, holding the others for theirs
+            adapter = self._waiting[0].adapter
             deadline = time.monotonic() + self.batch_wait_s
-            while len(batch) < self.max_batch:
+            while sum(1 for r in self._waiting if r.adapter == adapter) < self.max_batch:
                 try:
                     more = self._requests.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
-                if more is None:
+                if more is None:  # closing: what waits is generated first
                     self._requests.put(None)
                     break
-                if more.cancelled:
-                    self._drop(more)
-                    continue
-                if more.adapter != row.adapter:  # one adapter per batch: this one starts the next
-                    self._next = more
-                    break
-                batch.append(more)
+                self._hold(more)
+            batch: list[_Row] = []
+            rest: list[_Row] = []
+            for r in self._waiting:
+                if r.cancelled:
+                    self._drop(r)
+                elif r.adapter == adapter and len(batch) < self.max_batch:
+                    batch.append(r)
+                else:
+                    rest.append(r)
+            self._waiting = rest
+            if not batch:
+                continue
             try:
                 with self._lock:
                     self.batches.append(len(batch))
-                    with self._adapter(row.adapter):
+                    with self._adapter(adapter):
                         self._generate(batch)
             except Exception as exc:  # noqa: BLE001 - every waiting request must hear of it
                 logger.exception("agl torch engine: generation failed")
@@ -474,6 +485,13 @@ class TorchEngine:
                     if r.finish_reason is None:
                         r.finish_reason = f"{type(exc).__name__}: {exc}"
                         r.emit("error")
+
+    def _hold(self, row: _Row) -> None:
+        """``row`` waits for its adapter's next batch (a cancelled one is dropped at once)."""
+        if row.cancelled:
+            self._drop(row)
+        else:
+            self._waiting.append(row)
 
     @contextlib.contextmanager
     def _adapter(self, name: str | None) -> Iterator[None]:

@@ -15,7 +15,9 @@ model (the adapters switched off), which the call's span says (``agl.llm.policy_
 - **Training** (:class:`MultiPolicyBackend`): a step's trajectories are split by policy (each keeps its
   own policy's transitions, with the credited rewards the run's builder gave them: by default every
   policy gets the run's credited rewards for its calls, so a checker is trained on the outcome of the
-  writer it checked); advantages are computed per policy, still grouped by task (GRPO); each policy
+  writer it checked; a policy's ``credit`` of its own credits the run's calls its way, say each call its
+  own reward with ``discounted`` and ``gamma`` 0, and keeps its calls); advantages are computed per
+  policy, still grouped by task (GRPO); each policy
   takes one optimizer step of its own (its own :class:`~agl_trainer.torch_backend.TorchBackend` over
   its adapter: its own AdamW), and its metrics are reported under ``policy/<name>/...``: ``reward`` (the
   mean credited reward of its calls), ``reward_share`` (its part of the step's credited reward),
@@ -32,6 +34,7 @@ model (the adapters switched off), which the call's span says (``agl.llm.policy_
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -40,11 +43,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agl_core.credit import Credit
 from agl_core.schema import Trajectory
 from agl_trainer.config import POLICY_NAME
 from agl_trainer.torch_backend import LoraOptions, TorchBackend, TorchConfig
 
-__all__ = ["MultiPolicyBackend", "Policy", "PolicyEngines", "PolicyRouter", "Route", "policies_of",
+__all__ = ["MultiPolicyBackend", "Policy", "PolicyEngines", "PolicyRouter", "Route", "credited_as", "policies_of",
            "split_by_policy"]
 
 logger = logging.getLogger("agl.trainer")
@@ -62,12 +66,19 @@ class Policy:
     """Its LoRA adapter. On the shared base None means the defaults; on a separate model, full fine-tuning."""
     model: str | None = None
     """A separate model of its own (a path or hub id, as ``backend.model``); None: an adapter on the shared base."""
+    credit: Credit | None = None
+    """How this policy's calls are credited from the run's rewards, over every call of the run (``"final"``,
+    ``"discounted"`` with :attr:`gamma`, or a function, as :mod:`agl_core.credit`); None: the run's builder's."""
+    gamma: float = 1.0
 
     def __post_init__(self) -> None:
         if not POLICY_NAME.fullmatch(self.name):
             raise ValueError(f"policy name {self.name!r}: letters, digits, '_', '-' only (it names a LoRA adapter, "
                              "where peft refuses '.', and the model it is served as), at most 64, starting with a "
                              "letter or digit")
+        if self.credit is not None and self.credit not in ("final", "discounted") and not callable(self.credit):
+            raise ValueError(f"policy {self.name!r}: credit must be 'final', 'discounted' or a function, got "
+                             f"{self.credit!r}")
         try:
             re.compile(self.agents)
         except re.error as exc:
@@ -130,16 +141,31 @@ class PolicyRouter:
 
 def policies_of(config: Any) -> list[Policy]:
     """The policies of a training config's ``policies`` section (:class:`agl_trainer.config.Config`), in order."""
+    from agl_core.transitions import load_function
+
     out = []
     for name, section in (config.policies or {}).items():
+        credit: Any = None
+        gamma = 1.0
+        if section.credit is not None:
+            credit, gamma = section.credit.method, section.credit.gamma
+            if credit == "custom":
+                credit = load_function(str(section.credit.function), f"policies.{name}.credit.function")
         if section.model is not None:  # its own model: its own lora, else full fine-tuning (not backend.lora's)
             own = LoraOptions(**section.lora.model_dump()) if section.lora is not None else None
-            out.append(Policy(name, section.agents, own, model=section.model))
+            out.append(Policy(name, section.agents, own, model=section.model, credit=credit, gamma=gamma))
             continue
         lora = section.lora or config.backend.lora
         options = LoraOptions(**lora.model_dump()) if lora is not None else LoraOptions()
-        out.append(Policy(name, section.agents, options))
+        out.append(Policy(name, section.agents, options, credit=credit, gamma=gamma))
     return out
+
+
+def credited_as(builder: Any, policy: Policy) -> Any:
+    """``builder`` (the run's ``TransitionBuilder``) crediting as ``policy`` says: the same calls and rewards."""
+    own = copy.copy(builder)
+    own.credit, own.gamma = policy.credit, policy.gamma
+    return own
 
 
 def split_by_policy(trajectories: Sequence[Trajectory], router: PolicyRouter,
@@ -259,6 +285,8 @@ class MultiPolicyBackend:
         self.version = 0
         self.shared_engine: Any = None
         self.history: list[dict[str, Any]] = []
+        self.last_batches: dict[str, Any] = {}
+        """The last step's scored batch of each policy that had calls (``score``'s ``StepBatch``)."""
 
     @property
     def names(self) -> list[str]:
@@ -266,18 +294,25 @@ class MultiPolicyBackend:
 
     # ------------------------------------------------------------------ training
 
-    def update_policies(self, trajectories: Sequence[Trajectory],
-                        score: Callable[[Sequence[Trajectory]], Any]) -> dict[str, float]:
+    def update_policies(self, trajectories: Sequence[Trajectory], score: Callable[[Sequence[Trajectory]], Any], *,
+                        credited: Mapping[str, Sequence[Trajectory]] | None = None) -> dict[str, float]:
         """One training step: each policy's share scored (``score``: the loop's ``score_batch``) and stepped.
 
-        A policy with no rows this step takes no optimizer step (its ``policy/<name>/rows`` is 0).
-        The step's own ``loss``, ``kl``, ``ratio_*``... are the policies' means, so the loop's signal
-        checks read them as for one policy.
+        ``credited``: for a policy with a ``credit`` of its own, the step's rollouts built with it
+        (:func:`credited_as`); its share is taken from those. Each policy's scored batch is kept in
+        :attr:`last_batches` (the step's rows and signal are theirs). A policy with no rows this step takes
+        no optimizer step (its ``policy/<name>/rows`` is 0). The step's own ``loss``, ``kl``, ``ratio_*``...
+        join the policies' (:func:`_joined`), so the loop's signal checks read them as for one policy.
         """
         metrics: dict[str, float] = {}
         stepped: list[dict[str, float]] = []
         elsewhere: dict[str, int] = {}
         shares = split_by_policy(trajectories, self.router, elsewhere)
+        for name, own in (credited or {}).items():
+            if name not in shares:
+                raise ValueError(f"credited: no policy {name!r} ({', '.join(self.names)})")
+            shares[name] = split_by_policy(own, self.router)[name]
+        self.last_batches = {}
         for name, count in elsewhere.items():
             metrics[f"policy/{name}/served_elsewhere"] = float(count)
             logger.warning("agl policies: %d call(s) of policy %r's agents were answered by another model (their "
@@ -289,6 +324,8 @@ class MultiPolicyBackend:
         for name, trajs in shares.items():
             prefix = f"policy/{name}/"
             batch = score(trajs) if trajs else None
+            if batch is not None:
+                self.last_batches[name] = batch
             rows = batch.rows if batch is not None else []
             count = sum(len(t.transitions) for t in trajs)
             metrics[prefix + "transitions"] = float(count)

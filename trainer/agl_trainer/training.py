@@ -46,7 +46,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from agl_core.credit import Credit
@@ -59,7 +59,8 @@ from agl_trainer.signal_health import SignalBounds, batch_signal, nothing_traine
 from agl_trainer.torch_backend import TorchBackend
 
 __all__ = ["LocalServer", "RemoteServer", "ServerLink", "StepBatch", "StepResult", "TrainConfig", "Trainer",
-           "ValidationResult", "ValidationSpec", "collect", "load_history", "score_batch", "write_curves"]
+           "ValidationResult", "ValidationSpec", "collect", "joined_batches", "load_history", "score_batch",
+           "write_curves"]
 
 logger = logging.getLogger("agl.trainer")
 
@@ -172,6 +173,26 @@ def score_batch(trajectories: Sequence[Trajectory], config: TrainConfig) -> Step
     return StepBatch(scored, stats, rows, row_stats)
 
 
+def joined_batches(batches: Sequence[StepBatch]) -> StepBatch:
+    """Several policies' batches as one: their scored rollouts and rows, and their counts added (a rollout that
+    several policies share counts once in each); ``mean_return`` is not joined (0: the step's own is the run's)."""
+    stats, row_stats = AdvantageStats(), RowStats()
+    scored: list[ScoredRollout] = []
+    rows: list[Row] = []
+    for b in batches:
+        scored += b.scored
+        rows += b.rows
+        for total, part in ((stats, b.advantage_stats), (row_stats, b.row_stats)):
+            for f in fields(total):
+                mine, theirs = getattr(total, f.name), getattr(part, f.name)
+                if isinstance(mine, dict):
+                    for key, n in theirs.items():
+                        mine[key] = mine.get(key, 0) + n
+                elif f.name != "mean_return":
+                    setattr(total, f.name, mine + theirs)
+    return StepBatch(scored, stats, rows, row_stats)
+
+
 @dataclass
 class StepResult:
     """One step's numbers: what the rollouts scored, what the update did, how long it took."""
@@ -242,6 +263,11 @@ class ServerLink(Protocol):
         """Serve the backend's weights from now on; return their version."""
         ...
 
+    def rebuilt(self, rollout_ids: Sequence[str], credit: Any) -> list[Trajectory]:
+        """The rollouts' trajectories built again from their spans by the run's builder, credited as ``credit``
+        (a policy's own, :func:`agl_trainer.policies.credited_as`)."""
+        ...
+
     def record_metrics(self, step: int, values: dict[str, float]) -> None: ...
 
     def set_sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -278,6 +304,12 @@ class LocalServer:
             if rollout is not None and rollout.status != "succeeded":
                 errors.append(rollout.error or rollout.status)
         return self.server.store.trajectories(rollout_ids=list(rollout_ids)), errors
+
+    def rebuilt(self, rollout_ids: Sequence[str], credit: Any) -> list[Trajectory]:
+        from agl_trainer.policies import credited_as
+
+        builder = credited_as(self.server.builder, credit)
+        return self.server.store.trajectories(rollout_ids=list(rollout_ids), builder=builder)
 
     def publish(self, backend: TorchBackend) -> int:
         version = backend.publish(self.engine, version=max(self.server.model.version + 1, backend.step))
@@ -343,6 +375,16 @@ class RemoteServer:
         if self.builder is None:
             return self.store.trajectories(rollout_ids=[r.id for r in runs]) if runs else [], errors
         return [self.builder.build(r) for r in runs], errors
+
+    def rebuilt(self, rollout_ids: Sequence[str], credit: Any) -> list[Trajectory]:
+        from agl_trainer.policies import credited_as
+
+        if self.builder is None:
+            raise ValueError("a policy's own credit rebuilds the rollouts with the run's builder: give RemoteServer "
+                             "builder= (the run's TransitionBuilder)")
+        runs = [r for r in (self.store.get_rollout(i, with_spans=True) for i in rollout_ids) if r is not None]
+        own = credited_as(self.builder, credit)
+        return [own.build(r) for r in runs]
 
     def join_builder(self, builder: Any, source: str) -> None:
         """Have the server build the stored transitions with ``builder`` too (``POST /v1/builder``); it refuses a
@@ -467,7 +509,17 @@ class Trainer:
         adv_stats, rows, row_stats = batch.advantage_stats, batch.rows, batch.row_stats
         self.last_batch = batch
         if isinstance(self.backend, MultiPolicyBackend):  # each policy scored and stepped on its own calls
-            metrics = self.backend.update_policies(trajectories, lambda share: score_batch(share, cfg))
+            ids = [t.rollout_id for t in trajectories]
+            credited = {p.name: self.link.rebuilt(ids, p) for p in self.backend.router.policies
+                        if p.credit is not None}
+            metrics = self.backend.update_policies(trajectories, lambda share: score_batch(share, cfg),
+                                                   credited=credited)
+            # what was trained is the policies' batches: their rows, flat groups and advantages (a joint batch
+            # credited the run's way says nothing of a policy credited its own, and counts calls twice)
+            trained = joined_batches(list(self.backend.last_batches.values()))
+            adv_stats = replace(trained.advantage_stats, mean_return=adv_stats.mean_return)
+            rows, row_stats = trained.rows, trained.row_stats
+            batch = StepBatch(batch.scored, adv_stats, rows, row_stats)
         else:
             metrics = self.backend.update(rows) if rows else {}
             if not rows:

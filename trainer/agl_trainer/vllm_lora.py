@@ -96,15 +96,21 @@ class VllmLoraLink(LocalServer):
 
     def publish(self, backend: Any) -> int:
         version = max(self.server.model.version + 1, backend.step)
-        path = backend.save_adapter(os.path.join(self.folder, f"v{version}"), version)
-        self.adapters.load(path)
+        path = _load_version(backend, self.adapters, self.folder, version)
         self.server.model.set(version, path)
-        # vLLM has read the new adapter: the versions before it go (those of a run before this one too)
-        for name in os.listdir(self.folder):
-            if _VERSION.fullmatch(name) and name != f"v{version}":
-                shutil.rmtree(os.path.join(self.folder, name), ignore_errors=True)
         logger.info("agl train: vLLM serves adapter v%d as %r (%s)", version, self.adapters.name, path)
         return version
+
+
+def _load_version(backend: Any, adapters: VllmAdapters, folder: str, version: int) -> str:
+    """Write ``backend``'s adapter to ``folder/v{version}``, have vLLM load it, then drop the versions before it
+    (those of a run before this one too: vLLM has read the new one). Returns the adapter's folder."""
+    path = str(backend.save_adapter(os.path.join(folder, f"v{version}"), version))
+    adapters.load(path)
+    for name in os.listdir(folder):
+        if _VERSION.fullmatch(name) and name != f"v{version}":
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+    return path
 
 
 class VllmPoliciesLink(LocalServer):
@@ -120,12 +126,7 @@ class VllmPoliciesLink(LocalServer):
         version = max(self.server.model.version + 1, backend.step)
         backend.version = version
         for name, adapters in self.adapters.items():
-            folder = os.path.join(self.folder, name)
-            path = backend.backends[name].save_adapter(os.path.join(folder, f"v{version}"), version)
-            adapters.load(path)
-            for old in os.listdir(folder):
-                if _VERSION.fullmatch(old) and old != f"v{version}":
-                    shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+            path = _load_version(backend.backends[name], adapters, os.path.join(self.folder, name), version)
             logger.info("agl train: vLLM serves policy %r's adapter v%d (%s)", name, version, path)
         self.server.model.set(version, self.folder)
         return version
