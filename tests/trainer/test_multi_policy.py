@@ -449,6 +449,10 @@ def solve(task):
     graph.add_edge("checker", END)
     said = graph.compile().invoke({"said": {}})["said"]
     return 0.5 * (said.get("writer") == "A") + 0.5 * (said.get("checker") == "B")
+
+
+def nothing(rewards, final):
+    return [0.0] * len(rewards)
 '''
 
 
@@ -467,13 +471,18 @@ def test_agl_train_runs_several_policies_from_a_config_and_resumes_them(tmp_path
            "backend": {"model": "policy", "threads": 1, "gradient_checkpointing": False,
                        "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]}},
            "algorithm": {"lr": 1e-2},
-           "policies": {"writer": {"agents": "^writer$"}, "checker": {"agents": "^checker$", "lora": {"r": 4}}},
+           "policies": {"writer": {"agents": "^writer$"}, "checker": {"agents": "^checker$", "lora": {"r": 4},
+                                                                     "credit": {"method": "custom",
+                                                                                "function": "roles_agent:nothing"}}},
            "workers": {"count": 4}, "run": {"steps": 2, "dir": "out", "checkpoint_every": 1}}
     outcome = run_training(validate(raw, base_dir=str(tmp_path)), progress=False)
     assert len(outcome.steps) == 2 and not outcome.resumed
     for step in outcome.steps:
         for name in ("writer", "checker"):
             assert step["metrics"][f"policy/{name}/transitions"] == 4, step["metrics"]
+        # the writer credited the run's way (its return), the checker its own (the config's function: nothing)
+        assert step["metrics"]["policy/writer/reward"] == pytest.approx(step["reward"]), step
+        assert step["metrics"]["policy/checker/reward"] == 0.0 and step["metrics"]["flat_groups"] >= 1
     assert (tmp_path / "out" / "checkpoint" / "policies.json").exists()
     ranks = {}
     for name in ("writer", "checker"):
