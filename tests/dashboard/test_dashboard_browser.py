@@ -243,3 +243,39 @@ def test_the_validation_reward_is_a_curve_of_its_own_steps(page: Any, tmp_path: 
         expect(validation_curve).to_contain_text("step 0")  # it starts before the first training step
         expect(page.locator("#signal-hint")).to_have_text("step 4")
         _only_this_server(page, thread.url)
+
+
+def test_each_call_says_which_policy_answered_it_or_why_the_base_model_did(tmp_path: Any, page: Any) -> None:
+    """A run of several policies: the gateway routes each agent's call to its policy (here vLLM's LoRA name)."""
+    import openai
+
+    import agl_core as agl
+    from agl_core.testing import FakeOpenAI
+    from agl_trainer.gateway import GatewayConfig, OpenAIBackend
+    from agl_trainer.policies import Policy, PolicyRouter
+    from agl_trainer.server import ServerConfig, ServerThread, TrainerServer
+
+    router = PolicyRouter([Policy("writer", "^writer$"), Policy("checker", "^checker$")])
+    with FakeOpenAI(enable_lora=True) as vllm:
+        vllm.adapters.update({"writer": str(tmp_path / "w"), "checker": str(tmp_path / "c")})
+        server = TrainerServer(ServerConfig(db_path=str(tmp_path / "agl.db"), port=0,
+                                            gateway=GatewayConfig(policies=router)), OpenAIBackend(vllm.url))
+        with ServerThread(server) as thread:
+            client = openai.OpenAI(base_url=thread.url + "/v1", api_key="unused", max_retries=0)
+            with agl.rollout(task_id="roles", store=agl.HttpStore(thread.url)):
+                for agent in ("writer", "checker", "judge"):  # as the instrumented client says, in an agent scope
+                    client.chat.completions.create(model="m", messages=[{"role": "user", "content": agent}],
+                                                   extra_headers={"X-Agl-Agent": agent})
+                agl.emit_reward(1.0)
+            assert [r.body["model"] for r in vllm.requests if r.path.endswith("/chat/completions")] == [
+                "writer", "checker", vllm.model]
+            page.goto(thread.url + "/")
+            page.locator("#rollouts tbody tr[data-rollout-id]").click()
+            calls = page.locator("#tree .node.k-llm")
+            expect(calls).to_have_count(3)
+            expect(calls.nth(0).locator(".policy")).to_have_text("policy writer")
+            expect(calls.nth(1).locator(".policy")).to_have_text("policy checker")
+            base = calls.nth(2).locator(".policy.base")
+            expect(base).to_have_text("base model")
+            assert "'judge' matches no policy" in (base.get_attribute("title") or "")
+            _only_this_server(page, thread.url)
