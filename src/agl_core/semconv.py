@@ -81,6 +81,7 @@ AGL_REWARD_NAME: Final = "agl.reward.name"
 AGL_MESSAGE_BODY: Final = "agl.message.body"
 AGL_OBJECT_JSON: Final = "agl.object.json"
 AGL_PLUGIN: Final = "agl.plugin"  # which plugin made the span: "openai", "langchain", ...
+OTEL_SCOPE_NAME: Final = "otel.scope.name"  # a span that came over OTLP: the instrumentation scope that made it
 AGL_PROMPT_TOKEN_IDS: Final = "agl.llm.prompt_token_ids"
 AGL_RESPONSE_TOKEN_IDS: Final = "agl.llm.response_token_ids"
 AGL_RESPONSE_LOGPROBS: Final = "agl.llm.response_logprobs"

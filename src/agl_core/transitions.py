@@ -531,11 +531,14 @@ def _join_gateway_span(span: Span, by_id: dict[str, Span], owner: dict[str, str]
 def _merged_across_traces(calls: list[_Call]) -> list[_Call]:
     """Two instrumentations that share no context (OpenInference's LangChain and OpenAI instrumentors) record
     one request as two roots, each in a trace of its own: a call of another trace, inside this one's time,
-    with the same prompt and reply is that request, merged into the outer call as a nested span would be."""
+    with the same prompt and reply, recorded by another instrumentation, is that request, merged into the
+    outer call as a nested span would be. One instrumentation records a request once: two calls it recorded
+    are two requests (best-of-n calls run at once in threads of their own, answered alike), never merged."""
     out: list[_Call] = []
     for call in calls:
         host = next((o for o in reversed(out) if o.outer.trace_id != call.outer.trace_id
                      and o.outer.start_ns <= call.outer.start_ns and call.outer.end_ns <= o.outer.end_ns
+                     and _recorder(o.outer) != _recorder(call.outer)
                      and _same_messages(o.outer, call.outer)), None)
         if host is None:
             out.append(call)
@@ -543,6 +546,12 @@ def _merged_across_traces(calls: list[_Call]) -> list[_Call]:
             host.spans.extend(call.spans)
             host._ordered = host._tool_call_ids = None
     return out
+
+
+def _recorder(span: Span) -> Any:
+    """What recorded ``span``: its OTLP instrumentation scope, or the agl plugin (None: not known)."""
+    a = span.attributes
+    return a.get(semconv.OTEL_SCOPE_NAME) or a.get(semconv.AGL_PLUGIN)
 
 
 def _same_messages(one: Span, other: Span) -> bool:

@@ -366,3 +366,31 @@ def test_content_comes_back_as_sent(msg: dict[str, object]) -> None:
     from agl_core.messages import from_genai, to_genai
 
     assert from_genai(json.loads(json.dumps(to_genai(msg)))) == msg
+
+
+def _in_trace(s: Span, trace: str, start: int, end: int, **attrs: Any) -> Span:
+    s.trace_id, s.start_ns, s.end_ns = trace * 16, start, end
+    s.attributes.update(attrs)
+    return s
+
+
+def test_best_of_n_calls_answered_alike_in_traces_of_their_own_stay_two_transitions() -> None:
+    """Two requests one instrumentation recorded (threads with no context: each call a root of its own trace),
+    the second inside the first's time with the same prompt and reply: two samples, both trained."""
+    first = _in_trace(llm(None, "say one", "A", ids=True), "c1", 100, 400)
+    second = _in_trace(llm(None, "say one", "A", ids=True), "c2", 150, 300)
+    traj = TransitionBuilder().build(rollout(first, second, reward(1.0)))
+    assert [t.span_id for t in traj.transitions] == [first.span_id, second.span_id]
+    scoped = [_in_trace(llm(None, "say one", "A"), "d1", 100, 400, **{semconv.OTEL_SCOPE_NAME: "oi.openai"}),
+              _in_trace(llm(None, "say one", "A"), "d2", 150, 300, **{semconv.OTEL_SCOPE_NAME: "oi.openai"})]
+    assert len(TransitionBuilder().build(rollout(*scoped, reward(1.0))).transitions) == 2
+
+
+def test_one_request_two_instrumentations_recorded_in_traces_of_their_own_is_one_transition() -> None:
+    """OpenInference's LangChain and OpenAI instrumentors share no context: the request is two roots."""
+    outer = _in_trace(llm(None, "say one", "A"), "e1", 100, 400, **{semconv.OTEL_SCOPE_NAME: "oi.langchain"})
+    inner = _in_trace(llm(None, "say one", "A", ids=True), "e2", 150, 300, **{semconv.OTEL_SCOPE_NAME: "oi.openai"})
+    for s in (outer, inner):
+        del s.attributes[semconv.AGL_PLUGIN]
+    (t,) = TransitionBuilder().build(rollout(outer, inner, reward(1.0))).transitions
+    assert t.response_token_ids == [3, 4]  # the inner span's ids, on the outer call

@@ -42,6 +42,8 @@ def map_span(span: Span, scope: str) -> Span:
     """``span`` with its convention's agl attributes added, or marked untrainable when it looks like a model
     call in no convention agl reads. Rewards (``agl.reward.value``) are read whatever the convention."""
     attrs = dict(span.attributes)
+    if scope:  # what made it: one instrumentation records a request once (two of its calls are two requests)
+        attrs.setdefault(semconv.OTEL_SCOPE_NAME, scope)
     for convention in CONVENTIONS:
         if convention.detect(span, scope):
             attrs.update(convention.attributes(span))
