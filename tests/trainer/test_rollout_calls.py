@@ -372,3 +372,45 @@ def test_a_reward_posted_while_running_survives_the_finishing_post(
     (traj,) = srv.server.store.trajectories(rollout_ids=["stepwise"])
     # each post's first reward had one span id: the final reward's span replaced the intermediate one
     assert [t.reward for t in traj.transitions] == [-0.5, None] and traj.reward == 2.0
+
+
+def test_a_call_answered_after_its_rollout_finished_is_said_and_counted_not_held_until_it_expires(
+        fake: FakeOpenAI, make_server: ServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    srv = make_server(fake)
+    _open(srv.url, "late")
+    base = f"{srv.url}/rollouts/late/v1/chat/completions"
+    httpx.post(base, json={"messages": [{"role": "user", "content": "first"}]})
+    calls = srv.server.rollout_calls
+    posted = Rollout(id="late", task_id="t1", status="succeeded")
+    posted.spans = calls.spans_of(posted)  # what the finishing post takes; then a call is answered before it is stored
+    httpx.post(base, json={"messages": [{"role": "user", "content": "second"}]})
+    with caplog.at_level("WARNING", logger="agl.gateway"):
+        calls.stored(posted)
+        assert calls.pending("late") == [] and calls.late == 1  # not held for a post that will never come
+        calls.add("late", posted.spans[0])  # a call open when it came, answered now, after the finish
+    assert calls.late == 2 and calls.pending("late") == []
+    said = [r.getMessage() for r in caplog.records if "answered after it was stored succeeded" in r.getMessage()]
+    assert len(said) == 2 and "'late'" in said[0], caplog.text
+    calls.flush()
+    assert srv.server.rollout_calls._conn.execute(  # the file holds nothing of it either
+        "SELECT COUNT(*) FROM trainer_rollout_calls WHERE rollout_id = 'late'").fetchone()[0] == 0
+
+
+def test_a_rollout_that_took_no_scoped_call_costs_the_call_file_no_read(fake: FakeOpenAI,
+                                                                       make_server: ServerFactory) -> None:
+    srv = make_server(fake)
+    calls = srv.server.rollout_calls
+    assert calls._conn is not None
+    statements: list[str] = []
+    calls._conn.set_trace_callback(statements.append)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    with agl.rollout(task_id="plain", store=HttpStore(srv.url)):  # traced, on the plain /v1: no rollout scope
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        agl.emit_reward(1.0)
+    assert [s for s in statements if "trainer_rollout_calls" in s] == []
+    _open(srv.url, "scoped")  # a scoped one still reads and clears its calls
+    httpx.post(f"{srv.url}/rollouts/scoped/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    _finish(srv.url, "scoped", 1.0)
+    assert any("DELETE FROM trainer_rollout_calls" in s for s in statements), statements
+    (traj,) = HttpStore(srv.url).trajectories(rollout_ids=["scoped"])
+    assert len(traj.transitions) == 1

@@ -266,16 +266,23 @@ class RolloutCalls:
         self._bytes = 0
         self._open: OrderedDict[str, float] = OrderedDict()  # rollout ids found running: no store read per call
         self._pending: list[Span] = []
+        self._finished: OrderedDict[str, str] = OrderedDict()  # rollout id -> status, of rollouts stored finished
         self.captured = 0
         self.evicted = 0
+        self.late = 0
+        """Calls answered after their rollout was stored finished: in no trajectory (each one said in the log)."""
         self._conn: sqlite3.Connection | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._db_lock = threading.Lock()
+        self._in_file: set[str] = set()
         if path is not None:
             self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
             self._conn.execute("PRAGMA busy_timeout = 30000")
             self._conn.execute(_SCHEMA)
+            # the rollouts with calls in the file (from before a restart too): any other's post reads nothing there
+            self._in_file = {row[0] for row in
+                             self._conn.execute("SELECT DISTINCT rollout_id FROM trainer_rollout_calls")}
             self._flush_interval = flush_interval_s
             self._thread = threading.Thread(target=self._flusher, name="agl-rollout-calls", daemon=True)
             self._thread.start()
@@ -322,23 +329,27 @@ class RolloutCalls:
     def add(self, rollout_id: str, span: Span) -> None:
         evicted = 0
         with self._lock:
-            self._calls.setdefault(rollout_id, []).append(span)
-            self._calls.move_to_end(rollout_id)
-            self._bytes += _size(span)
-            self.captured += 1
-            if self._conn is not None:
-                self._pending.append(span)  # encoded by the flusher, off the gateway's path
-            cutoff = time.time_ns() - int(self.ttl_s * 1e9)
-            while len(self._calls) > 1:
-                oldest, spans = next(iter(self._calls.items()))
-                over = len(self._calls) > self.max_rollouts or self._bytes > self.max_bytes
-                if not over and spans[-1].end_ns >= cutoff:
-                    break
-                del self._calls[oldest]
-                self._bytes -= sum(_size(s) for s in spans)
-                evicted += over
+            finished = self._finished.get(rollout_id)
+            if finished is not None:  # it was open when the call came; no post will take the call now
+                self.late += 1
+            else:
+                self._hold(rollout_id, span)
+                cutoff = time.time_ns() - int(self.ttl_s * 1e9)
+                while len(self._calls) > 1:
+                    oldest, spans = next(iter(self._calls.items()))
+                    over = len(self._calls) > self.max_rollouts or self._bytes > self.max_bytes
+                    if not over and spans[-1].end_ns >= cutoff:
+                        break
+                    del self._calls[oldest]
+                    self._bytes -= sum(_size(s) for s in spans)
+                    evicted += over
+                    if self._conn is not None:
+                        self._in_file.add(oldest)  # its calls are on their way to the file, or in it
             first = evicted and self.evicted == 0
             self.evicted += evicted
+        if finished is not None:
+            _said_late(rollout_id, finished, 1)
+            return
         if first:
             where = "they stay in the server's file and still join their rollouts" if self._conn is not None else \
                 "without a file their calls are lost"
@@ -346,13 +357,23 @@ class RolloutCalls:
                            "rollouts' calls leave memory (%s); finish rollouts with POST /v1/rollouts",
                            self.max_bytes // (1024 * 1024), where)
 
+    def _hold(self, rollout_id: str, span: Span) -> None:
+        """Keep ``span`` until its rollout is stored (the lock held)."""
+        self._calls.setdefault(rollout_id, []).append(span)
+        self._calls.move_to_end(rollout_id)
+        self._bytes += _size(span)
+        self.captured += 1
+        if self._conn is not None:
+            self._pending.append(span)  # encoded by the flusher, off the gateway's path
+
     # ------------------------------------------------------------------ the rollout's side
 
     def pending(self, rollout_id: str) -> list[Span]:
         """The calls of ``rollout_id`` not yet stored with it, in the order they were answered."""
         with self._lock:
             found = list(self._calls.get(rollout_id, ()))
-        if self._conn is None:
+            elsewhere = rollout_id in self._in_file
+        if self._conn is None or not (found or elsewhere):  # what is in memory is in the file or on its way
             return found
         self.flush()
         with self._db_lock:
@@ -373,19 +394,34 @@ class RolloutCalls:
         """``rollout`` was stored with its calls: drop those (a call answered meanwhile waits for the next post);
         a finished rollout takes no more."""
         kept = {s.span_id for s in rollout.spans}
+        finished = rollout.status in _FINISHED
         with self._lock:
             spans = self._calls.pop(rollout.id, [])
+            was_open = self._open.get(rollout.id) is not None or bool(spans) or rollout.id in self._in_file
+            if not was_open:  # a rollout that never took a scoped call: nothing of it here, nothing to read
+                return
             later = [s for s in spans if s.span_id not in kept]
-            if later:
+            if later and not finished:
                 self._calls[rollout.id] = later
-            self._bytes -= sum(_size(s) for s in spans if s.span_id in kept)
-            if rollout.status in _FINISHED:
+            self._bytes -= sum(_size(s) for s in (spans if finished else [s for s in spans if s.span_id in kept]))
+            if finished:
                 self._open.pop(rollout.id, None)
+                self._finished[rollout.id] = rollout.status
+                while len(self._finished) > self.max_rollouts:
+                    self._finished.popitem(last=False)
+                self.late += len(later)
+        if finished and later:
+            _said_late(rollout.id, rollout.status, len(later))
         if self._conn is not None:
             self.flush()
             with self._db_lock:
-                self._conn.execute("DELETE FROM trainer_rollout_calls WHERE rollout_id = ? AND span_id IN "
-                                   "(SELECT value FROM json_each(?))", (rollout.id, json.dumps(sorted(kept))))
+                if finished:  # what it did not take, no post will
+                    self._conn.execute("DELETE FROM trainer_rollout_calls WHERE rollout_id = ?", (rollout.id,))
+                    with self._lock:
+                        self._in_file.discard(rollout.id)
+                else:
+                    self._conn.execute("DELETE FROM trainer_rollout_calls WHERE rollout_id = ? AND span_id IN "
+                                       "(SELECT value FROM json_each(?))", (rollout.id, json.dumps(sorted(kept))))
 
     def flush(self) -> None:
         """Write every call not yet in the file."""
@@ -393,6 +429,7 @@ class RolloutCalls:
             return
         with self._lock:
             pending, self._pending = self._pending, []
+            self._in_file.update(str(s.rollout_id) for s in pending)  # a reader waits for the write (the db lock)
         if not pending:
             return
         rows = [(s.rollout_id, s.span_id, s.end_ns / 1e9, s.to_json()) for s in pending]
@@ -483,6 +520,12 @@ def adopt_calls(spans: Sequence[Span]) -> list[Span]:
             parent = match.pop(0)
             moved[call.span_id] = dataclasses.replace(call, trace_id=parent.trace_id, parent_id=parent.span_id)
     return [moved.get(s.span_id, s) for s in spans]
+
+
+def _said_late(rollout_id: str, status: str, count: int) -> None:
+    logger.warning("agl gateway: %d call(s) of rollout %r were answered after it was stored %s: they are in no "
+                   "trajectory and are not trained; finish a rollout only once its agent's calls have returned "
+                   "(an agent that times out and leaves a call running loses it so)", count, rollout_id, status)
 
 
 def _answer(span: Span) -> Any:
