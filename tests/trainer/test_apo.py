@@ -47,8 +47,12 @@ class Optimizer:
     ``fail`` says, by call number (1-based), which calls answer 503 instead.
     """
 
-    def __init__(self, fail: Callable[[int], bool] = lambda n: False) -> None:
+    def __init__(self, fail: Callable[[int], bool] = lambda n: False, *, by_length: bool = False) -> None:
         self.fail = fail
+        self.by_length = by_length
+        """``usage`` as a tokenizer of 4 characters a token would count (prompt and reply), the reply cut at the
+        call's ``max_tokens`` (``finish_reason: length``); else a fixed 90 + 10 a call."""
+        self.usage: list[dict[str, int]] = []
         self.bodies: list[dict[str, Any]] = []
         self.times: list[float] = []
         self.edits = 0
@@ -84,10 +88,19 @@ class Optimizer:
             else:
                 text = f"Here it is:\n<prompt>\n{EDITS[self.edits % len(EDITS)]}\n</prompt>"
                 self.edits += 1
+        usage = {"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": TOKENS_PER_CALL}
+        finish = "stop"
+        if self.by_length:
+            prompt = sum(-(-len(str(m["content"])) // 4) + 4 for m in body["messages"])
+            reply = -(-len(text) // 4)
+            if reply > body["max_tokens"]:
+                text, reply, finish = text[:4 * body["max_tokens"]], body["max_tokens"], "length"
+            usage = {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
+        with self._lock:
+            self.usage.append(usage)
         return 200, {"id": "x", "object": "chat.completion", "model": body["model"],
                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": "stop"}],
-                     "usage": {"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": TOKENS_PER_CALL}}
+                                  "finish_reason": finish}], "usage": usage}
 
     def close(self) -> None:
         self.server.shutdown()
@@ -203,7 +216,6 @@ def test_the_beam_finds_the_planted_instruction_and_keeps_everything(
 
 @pytest.mark.parametrize(("budget", "stop", "rollouts", "calls", "versions"), [
     ({"max_rollouts": 9}, "rollouts", 8, 3, 3),  # round 2's first batch (2) would make 10
-    ({"max_optimizer_tokens": 250}, "optimizer_tokens", 6, 2, 2),  # 50 left < the 100 of each call so far
     ({"rounds": 1}, "rounds", 8, 3, 3),
 ])
 def test_each_budget_is_respected_exactly(tmp_path: Path, model: FakeOpenAI, optimizer: Callable[..., Optimizer],
@@ -216,13 +228,30 @@ def test_each_budget_is_respected_exactly(tmp_path: Path, model: FakeOpenAI, opt
     assert len(opt.bodies) == calls and len(outcome.candidates) == versions
     with stored(tmp_path) as store:
         assert len(store.rollouts()) == rollouts
-    if "max_optimizer_tokens" in budget:
-        assert b.tokens <= budget["max_optimizer_tokens"]
-        assert opt.bodies[-1]["max_tokens"] == 150  # each reply capped at what was left
-        assert outcome.best.validation_score == 0.0  # the French edit was never written: the budget held
-    else:
-        assert PLANTED in outcome.best.prompt.lower()
+    assert PLANTED in outcome.best.prompt.lower()
     assert json.loads((tmp_path / "out" / "apo.json").read_text())["budget"]["stop"] == stop
+
+
+@pytest.mark.parametrize("limit", [300, 700, 1500])
+def test_prompts_count_against_the_token_budget_and_no_call_can_pass_it(
+        tmp_path: Path, model: FakeOpenAI, optimizer: Callable[..., Optimizer], limit: int) -> None:
+    """The budget is ``usage.total_tokens``, the prompt's tokens too: a call whose prompt and reply could pass it is
+    not made, and the reply is capped at what its prompt leaves (a cap on the reply alone let prompts overrun)."""
+    opt = optimizer(by_length=True)
+    outcome = run(tmp_path, opt.url, max_optimizer_tokens=limit, rounds=5)
+    b = outcome.budget
+    assert b.stop == "optimizer_tokens" and b.calls >= 1, (b.stop, b.detail)
+    assert b.tokens == sum(u["total_tokens"] for u in opt.usage) <= limit
+    spent = 0
+    for body, usage in zip(opt.bodies, opt.usage, strict=True):
+        assert usage["prompt_tokens"] + body["max_tokens"] <= limit - spent  # even the longest reply would fit
+        spent += usage["total_tokens"]
+    calls = json.loads((tmp_path / "out" / "apo.json").read_text())["optimizer_calls"]
+    used, cut = [c for c in calls if c["ok"]], [c for c in calls if not c["ok"]]
+    assert all("cut at the" in str(c["error"]) for c in cut)  # a reply the cap cut is said, and not used
+    assert len(used) + len(cut) == b.calls
+    if limit == 300:  # the critique's prompt and reply took 194: no edit fits, none is asked for
+        assert outcome.best.validation_score == 0.0
 
 
 def test_a_failing_optimiser_call_is_retried_with_backoff(tmp_path: Path, model: FakeOpenAI,

@@ -20,9 +20,12 @@ that the agent reads with ``agl.resources()``. Each round reads as its stages:
 
 The initial prompt (``resources.<apo.resource>``) is scored first. The run stops after
 ``apo.rounds`` rounds, or before a batch of rollouts that would go past
-``apo.max_rollouts``, or before an optimiser call once ``apo.max_optimizer_tokens`` is spent
-(:class:`Budget`), or when a round finds no failure to critique or gets no edit back; it says
-which. An optimiser call that fails is retried (``apo.optimizer.retries``, waits doubling from
+``apo.max_rollouts``, or before an optimiser call whose prompt and reply would pass
+``apo.max_optimizer_tokens`` (prompt and reply both count, as ``usage.total_tokens``: the
+prompt is estimated at the endpoint's reported ratio of characters to tokens, the reply
+capped at what is left; a reply cut by that cap is not used; :class:`Budget`), or when a
+round finds no failure to critique or gets no edit back; it says which. An optimiser call that
+fails is retried (``apo.optimizer.retries``, waits doubling from
 ``backoff_s``) and then reported in the round's ``errors``: the run goes on.
 
 Everything is kept: each candidate is a resources version whose ``metadata["apo"]`` holds its
@@ -48,7 +51,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -184,8 +187,8 @@ class OptimizerClient:
         self.backoff_s = backoff_s
         self.sleep = sleep
 
-    def chat(self, messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, int | None, int]:
-        """The reply's text, its ``usage.total_tokens`` (None: not reported) and the tries made."""
+    def chat(self, messages: list[dict[str, Any]], max_tokens: int) -> Reply:
+        """The reply: its text, ``usage`` as reported, why it ended, and the tries made."""
         body = json.dumps({"model": self.model, "messages": messages, "max_tokens": max_tokens,
                            "temperature": self.temperature}).encode()
         headers = {"Content-Type": "application/json"}
@@ -194,8 +197,9 @@ class OptimizerClient:
         wait = self.backoff_s
         for attempt in range(1, self.retries + 2):
             try:
-                text, tokens = self._once(body, headers)
-                return text, tokens, attempt
+                reply = self._once(body, headers)
+                reply.tries = attempt
+                return reply
             except OptimizerError as exc:  # not worth another try (a 4xx: a wrong key, an unknown model)
                 raise OptimizerError(str(exc), attempt) from None
             except _Retry as exc:
@@ -207,7 +211,7 @@ class OptimizerClient:
                 wait *= 2
         raise AssertionError("unreachable")
 
-    def _once(self, body: bytes, headers: dict[str, str]) -> tuple[str, int | None]:
+    def _once(self, body: bytes, headers: dict[str, str]) -> Reply:
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - a config URL
@@ -228,8 +232,25 @@ class OptimizerClient:
             raise _Retry(f"{self.url} sent a reply without a message's text ({type(exc).__name__}: {exc}): "
                          f"{raw[:200]!r}") from None
         usage = data.get("usage") if isinstance(data, dict) else None
-        total = usage.get("total_tokens") if isinstance(usage, dict) else None
-        return text, int(total) if isinstance(total, int) and not isinstance(total, bool) else None
+        usage = usage if isinstance(usage, dict) else {}
+        finish = data["choices"][0].get("finish_reason")
+        return Reply(text, _count(usage.get("total_tokens")), _count(usage.get("prompt_tokens")),
+                     finish if isinstance(finish, str) else None)
+
+
+@dataclass
+class Reply:
+    """One optimiser reply: its text, its ``usage`` (None: not reported) and why it ended (``length``: cut)."""
+
+    text: str
+    total_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    tries: int = 1
+
+
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 class _Retry(Exception):
@@ -249,7 +270,12 @@ class Budget:
     rollouts: int = 0
     tokens: int = 0
     calls: int = 0
-    largest_call: int = 0
+    largest_reply: int = 0
+    """The most tokens a reply took so far: the next call needs room for its prompt and as much."""
+    prompt_chars: int = 0
+    prompt_tokens: int = 0
+    """Of the calls that reported ``usage.prompt_tokens``: their prompts' characters and tokens (the estimate's
+    ratio)."""
     stop: str | None = None
     """``rounds``, ``rollouts``, ``optimizer_tokens``, ``no_failures`` or ``no_edits`` once stopped (``error``: the
     run failed, the detail says how)."""
@@ -266,21 +292,34 @@ class Budget:
         self.rollouts += n
         return True
 
-    def call_allowed(self) -> int | None:
-        """The most tokens the next optimiser call may reply with (None: no cap); 0 (and stopped): none left."""
+    def prompt_estimate(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """The tokens ``messages`` will take as a prompt: at the endpoint's own ratio of characters to tokens once it
+        reported one, else 3 characters a token (most tokenizers need fewer tokens), with a margin of a tenth."""
+        chars = sum(len(str(m.get("content", ""))) for m in messages)
+        ratio = self.prompt_chars / self.prompt_tokens if self.prompt_tokens else 3.0
+        return int(chars / ratio * 1.1) + 4 * len(messages) + 1
+
+    def call_allowed(self, prompt: int) -> int | None:
+        """The most tokens the next optimiser call, whose prompt is about ``prompt`` tokens, may reply with (None: no
+        cap); 0 (and stopped): its prompt and a reply as long as the longest so far would pass the budget."""
         if self.max_tokens is None:
             return None
         left = self.max_tokens - self.tokens
-        if left <= 0 or left < self.largest_call:
+        if left < prompt + max(self.largest_reply, 1):
             self.stopped("optimizer_tokens", f"{self.tokens} of apo.max_optimizer_tokens={self.max_tokens} spent, "
-                                             f"{left} left and the largest call so far took {self.largest_call}")
+                                             f"{left} left: the next call's prompt is about {prompt} tokens and the "
+                                             f"longest reply so far took {self.largest_reply}")
             return 0
-        return left
+        return left - prompt
 
-    def spent(self, tokens: int) -> None:
+    def spent(self, tokens: int, reply: int, prompt_chars: int = 0, prompt_tokens: int | None = None) -> None:
+        """A call took ``tokens`` in all, ``reply`` of them its reply's; its prompt's size, when reported."""
         self.calls += 1
         self.tokens += tokens
-        self.largest_call = max(self.largest_call, tokens)
+        self.largest_reply = max(self.largest_reply, reply)
+        if prompt_tokens:
+            self.prompt_chars += prompt_chars
+            self.prompt_tokens += prompt_tokens
 
     def stopped(self, reason: str, detail: str) -> None:
         if self.stop is None:
@@ -615,23 +654,36 @@ class _Search:
 
     def _ask(self, purpose: str, parent: Candidate, messages: list[dict[str, Any]], errors: list[str]) -> str | None:
         """One optimiser call within the token budget; None when the budget or the optimiser said no (reported)."""
-        allowed = self.budget.call_allowed()
+        prompt = self.budget.prompt_estimate(messages)
+        allowed = self.budget.call_allowed(prompt)
         if allowed == 0:
             return None
         cap = self.apo.optimizer.max_tokens if allowed is None else min(self.apo.optimizer.max_tokens, allowed)
         try:
-            text, tokens, tries = self.optimizer.chat(messages, cap)
+            reply = self.optimizer.chat(messages, cap)
         except OptimizerError as exc:
             self.calls.append(OptimizerCall(purpose, parent.version, 0, exc.tries, False, str(exc)))
             errors.append(f"the optimiser's {purpose} of v{parent.version} failed: {exc}")
             logger.warning("agl train: apo: the optimiser's %s of v%d failed: %s", purpose, parent.version, exc)
             return None
+        chars = sum(len(str(m.get("content", ""))) for m in messages)
+        tokens = reply.total_tokens
         estimated = tokens is None
-        if tokens is None:
-            tokens = (sum(len(str(m.get("content", ""))) for m in messages) + len(text)) // 4 + 1
-        self.budget.spent(tokens)
-        self.calls.append(OptimizerCall(purpose, parent.version, tokens, tries, True, estimated=estimated))
-        return text.strip()
+        if tokens is None:  # no usage reported: characters / 4, the reply's and the prompt's
+            tokens = (chars + len(reply.text)) // 4 + 1
+        prompt_tokens = reply.prompt_tokens if reply.prompt_tokens is not None else prompt
+        self.budget.spent(tokens, max(tokens - prompt_tokens, len(reply.text) // 4 + 1), chars, reply.prompt_tokens)
+        if reply.finish_reason == "length" and cap < self.apo.optimizer.max_tokens:  # cut by the budget, not asked so
+            problem = (f"the optimiser's {purpose} of v{parent.version} was cut at the {cap} tokens the budget left "
+                       "(apo.max_optimizer_tokens): not used")
+            self.calls.append(OptimizerCall(purpose, parent.version, tokens, reply.tries, False, problem,
+                                            estimated=estimated))
+            self.budget.stopped("optimizer_tokens", problem)
+            errors.append(problem)
+            logger.warning("agl train: apo: %s", problem)
+            return None
+        self.calls.append(OptimizerCall(purpose, parent.version, tokens, reply.tries, True, estimated=estimated))
+        return reply.text.strip()
 
     def _metrics(self, round_: int, best: Candidate) -> None:
         scores = [c.validation_score for c in self.beam if c.validation_score is not None]

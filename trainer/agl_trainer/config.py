@@ -367,8 +367,8 @@ class ApoConfig(_Section):
     max_rollouts: PosInt | None = None
     """All rollouts of the run, training and validation; a batch that would go past it is not started."""
     max_optimizer_tokens: PosInt | None = None
-    """All optimiser tokens (its replies' ``usage.total_tokens``); a call starts only while what is left is at
-    least the largest call so far."""
+    """All optimiser tokens, prompts and replies (``usage.total_tokens``); a call starts only while what is left
+    holds its prompt (estimated) and a reply as long as the longest so far, its reply capped at what is left."""
     gateway_model: Annotated[str, Field(pattern=r"^https?://")] | None = None
     """An OpenAI base URL the agent's model is reached at through agl's gateway (workers point the agent's
     OpenAI clients at it, calls recorded with their tokens); None: the agent calls its own model itself."""
