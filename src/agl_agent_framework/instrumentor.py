@@ -176,11 +176,58 @@ async def _named_stream(scope: _AgentScope, stream: Any) -> AsyncGenerator[Any, 
                 await close()
 
 
+class _Nested:
+    """Two pull context managers entered as one: the framework's own (outer), then agl's (inner).
+
+    What ``ResponseStream`` does with several factories (an ``ExitStack`` around each pull), without the
+    stack's machinery on every pull.
+    """
+
+    __slots__ = ("outer", "inner_factory", "inner")
+
+    def __init__(self, outer: Any, inner_factory: Callable[[], Any]) -> None:
+        self.outer = outer
+        self.inner_factory = inner_factory
+
+    def __enter__(self) -> Any:
+        value = self.outer.__enter__()
+        try:
+            self.inner = self.inner_factory()
+            self.inner.__enter__()
+        except BaseException:
+            self.outer.__exit__(*sys.exc_info())
+            raise
+        return value
+
+    def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> bool:
+        suppressed = False
+        if self.inner.__exit__(et, exc, tb):
+            et = exc = tb = None
+            suppressed = True
+        return bool(self.outer.__exit__(et, exc, tb)) or suppressed
+
+
+def _pull_around(stream: Any, factory: Callable[[], Any]) -> Any:
+    """``stream.with_pull_context_manager(factory)``; merged into the stream's one factory where it has one.
+
+    The framework's streams already carry a pull context manager of their own (its telemetry layers add
+    one, tracing on or off); a second one sends every pull of the stream through an ``ExitStack``, which
+    costs more than the rest of agl's work on the pull. Entering both through one :class:`_Nested` keeps
+    the order (the framework's first, agl's inside it) and the stream on its one-factory path.
+    """
+    factories = getattr(stream, "_pull_context_manager_factories", None)
+    if type(factories) is list and len(factories) == 1:
+        outer = factories[0]
+        factories[0] = lambda: _Nested(outer(), factory)
+        return stream
+    return stream.with_pull_context_manager(factory)
+
+
 def _follow_run(scope: _AgentScope, result: Any) -> Any:
     """``result`` of an agent's ``run``, made to keep the agent current while the caller awaits or pulls it."""
     try:
         if isinstance(result, _Framework.ResponseStream):
-            return result.with_pull_context_manager(lambda: scope)
+            return _pull_around(result, lambda: scope)
         if inspect.isawaitable(result):
             return _named_await(scope, result)
         if inspect.isasyncgen(result):
@@ -196,7 +243,8 @@ def _follow_run(scope: _AgentScope, result: Any) -> Any:
 class _LlmCall:
     """One traced model request: its span, current (with the call) while entered; a stream's pull context."""
 
-    __slots__ = ("span", "ctx", "client", "request", "stream", "ended", "_tokens", "__weakref__")
+    __slots__ = ("span", "ctx", "client", "request", "stream", "ended", "awaits_result", "exhausted", "_tokens",
+                 "__weakref__")
 
     def __init__(self, span: trace.Span, client: Any, request: tuple[Any, Any] | None) -> None:
         self.span = span
@@ -205,6 +253,8 @@ class _LlmCall:
         self.request = request  # (messages, options) not recorded yet: _inner_get_response records what it sends
         self.stream: Any = None  # a weak reference to the stream this call's result is
         self.ended = False
+        self.awaits_result = False  # the stream hands its final response to on_result
+        self.exhausted: Any = None  # the stream's updates, once it reached its end (for on_result or abandon)
 
     def __enter__(self) -> _LlmCall:
         self._tokens = (otel_context.attach(self.ctx), _call.set(self))
@@ -216,7 +266,10 @@ class _LlmCall:
         if exc is None or self.ended:
             return
         if et is StopAsyncIteration:
-            self.finish(self._updates_so_far())
+            if self.awaits_result:  # the framework builds the response from the updates next: on_result
+                self.exhausted = self._updates()
+            else:
+                self.finish(self._updates_so_far())
         elif et is not GeneratorExit:
             self.fail(exc)
 
@@ -227,15 +280,26 @@ class _LlmCall:
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("agent_framework.request", exc)
 
-    def _updates_so_far(self) -> Any:
+    def _updates(self) -> Any:
         stream = self.stream() if self.stream is not None else None
-        if stream is None:
-            return None
+        return None if stream is None else stream.updates
+
+    def _updates_so_far(self, updates: Any = None) -> Any:
+        if updates is None:
+            updates = self._updates()
+            if updates is None:
+                return None
         try:
-            return _Framework.ChatResponse.from_updates(stream.updates)
+            return _Framework.ChatResponse.from_updates(updates)
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("agent_framework.stream_response", exc)
             return None
+
+    def on_result(self, response: Any) -> None:
+        """The stream's final response, as the framework built it from the updates once they were all in."""
+        if not self.ended:
+            self.finish(response if isinstance(response, _Framework.ChatResponse)
+                        else self._updates_so_far(self.exhausted))
 
     def finish(self, response: Any) -> None:
         if self.ended:
@@ -264,14 +328,17 @@ class _LlmCall:
         _end_with_error(self.span, exc, "agent_framework.error")
 
     def on_cleanup(self) -> None:
-        """The stream was consumed or closed: a stream closed before its end keeps what arrived."""
-        if not self.ended:
+        """The stream was consumed or closed: a stream closed before its end keeps what arrived.
+
+        A stream consumed to its end goes on to build its final response, which ``on_result`` records.
+        """
+        if not self.ended and self.exhausted is None:
             self.finish(self._updates_so_far())
 
     def abandon(self) -> None:
-        """The stream was dropped without being consumed to its end or closed."""
+        """The stream was dropped without being consumed to its end or closed (or without its final response)."""
         if not self.ended:
-            self.finish(None)
+            self.finish(self._updates_so_far(self.exhausted) if self.exhausted is not None else None)
 
 
 _call: ContextVar[_LlmCall | None] = ContextVar("agl_agent_framework_call", default=None)
@@ -306,7 +373,13 @@ def _follow_call(call: _LlmCall, result: Any) -> Any:
         if isinstance(result, _Framework.ResponseStream):
             call.stream = weakref.ref(result)
             weakref.finalize(result, call.abandon)
-            return result.with_pull_context_manager(lambda: call).with_cleanup_hook(call.on_cleanup)
+            stream = _pull_around(result, lambda: call).with_cleanup_hook(call.on_cleanup)
+            try:  # the response the framework builds once at the end, rather than agl building it again
+                stream = stream.with_result_hook(call.on_result)
+                call.awaits_result = True
+            except Exception:  # noqa: BLE001 - no result hook on this stream: the updates, at their end
+                pass
+            return stream
         if inspect.isawaitable(result):
             return _traced_await(call, result)
         call.finish(result if isinstance(result, _Framework.ChatResponse) else None)

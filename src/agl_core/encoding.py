@@ -227,6 +227,21 @@ class MessageMemo:
         self.entries = {}  # a new dict: an encode() running in another thread keeps the one it holds
         self.chars = 0
 
+    def remember(self, message: Any, text: str) -> None:
+        """Keep ``text`` as the JSON of ``message`` (what ``to_json(message)`` gives), computed elsewhere.
+
+        A plugin that has just encoded a model's response for the output attribute hands its JSON over,
+        so the next call, which re-sends that response as history, does not convert it again.
+        """
+        key = self.key(message)
+        if key is None or key in self.entries:
+            return
+        if self.chars > self.max_chars:
+            self.entries.clear()
+            self.chars = 0
+        self.entries[key] = text
+        self.chars += len(text)
+
     def encode(self, messages: Iterable[Any]) -> str:
         """The JSON list of the messages' JSON."""
         entries = self.entries
@@ -252,14 +267,12 @@ class MessageMemo:
         return "[" + ",".join(parts) + "]"
 
 
-_FLOAT_PARAMS = (
-    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
-    ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
-)
-_INT_PARAMS = (
-    ("seed", semconv.GEN_AI_REQUEST_SEED),
-    ("max_completion_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
-    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),  # last: the older name wins when both are given
+_SAMPLING_PARAMS = (
+    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE, float),
+    ("top_p", semconv.GEN_AI_REQUEST_TOP_P, float),
+    ("seed", semconv.GEN_AI_REQUEST_SEED, int),
+    ("max_completion_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS, int),
+    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS, int),  # last: the older name wins when both are given
 )
 
 
@@ -269,18 +282,20 @@ def sampling_attributes(get: Callable[[str], Any], attrs: dict[str, Any]) -> Non
     Floats and ints become ``float`` attributes, ``seed`` and the max-token counts stay ``int``; anything
     else (None, a bool, a string) is left out.
     """
-    for key, name in _FLOAT_PARAMS:
-        number = get(key)
-        if isinstance(number, (int, float)) and type(number) is not bool:
-            attrs[name] = float(number)
-    for key, name in _INT_PARAMS:
+    for key, name, kind in _SAMPLING_PARAMS:
         value = get(key)
-        if type(value) is int:
+        if value is None:  # the usual answer: most calls set one or two of these, or none
+            continue
+        if kind is float:
+            if isinstance(value, (int, float)) and type(value) is not bool:
+                attrs[name] = float(value)
+        elif type(value) is int:
             attrs[name] = value
 
 
 _CLEAN = frozenset({str, bool, int, float, tuple})
 _sdk_types: tuple[type[Any], type[Any]] | None = None
+_is_sdk_span: dict[type[Any], bool] = {}  # span class -> whether it is the SDK's Span (or a subclass)
 
 
 def _sdk() -> tuple[type[Any], type[Any]]:
@@ -301,8 +316,13 @@ def set_on(span: Any, attrs: dict[str, Any]) -> None:
     """
     if not capture_content:
         attrs = redact(attrs)
-    span_type, bounded_type = _sdk_types or _sdk()
-    if isinstance(span, span_type):
+    sdk = _is_sdk_span.get(type(span))
+    if sdk is None:  # once per span class: the SDK's Span is an ABC, whose isinstance is a Python-level call
+        sdk = isinstance(span, (_sdk_types or _sdk())[0])
+        if len(_is_sdk_span) < 64:
+            _is_sdk_span[type(span)] = sdk
+    if sdk:
+        bounded_type = (_sdk_types or _sdk())[1]
         bounded = span._attributes
         if (type(bounded) is bounded_type and bounded.max_value_len is None
                 and (bounded.maxlen is None or len(bounded) + len(attrs) <= bounded.maxlen)

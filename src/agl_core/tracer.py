@@ -22,11 +22,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation import _SPAN_KEY
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from agl_core import encoding, semconv
+from agl_core.collector import current_rollout
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -36,6 +40,34 @@ if TYPE_CHECKING:
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
 _bits = random.getrandbits
+_new_tuple = tuple.__new__
+_get_context = otel_context.get_current
+
+
+def _context_maker() -> Any:
+    """``SpanContext(trace_id, span_id, False, SAMPLED)`` for ids known valid, without the API's range checks.
+
+    The API's ``SpanContext`` is a tuple of six fields; the shortcut builds that tuple directly, and is used
+    only when it gives exactly what the constructor gives on this release of the API.
+    """
+
+    def fast(trace_id: int, span_id: int) -> SpanContext:
+        return _new_tuple(SpanContext, (trace_id, span_id, False, _SAMPLED, DEFAULT_TRACE_STATE, True))
+
+    def slow(trace_id: int, span_id: int) -> SpanContext:
+        return SpanContext(trace_id, span_id, False, _SAMPLED)
+
+    try:
+        probe, made = fast(3, 5), slow(3, 5)
+        if (tuple(probe) == tuple(made) and probe.trace_id == 3 and probe.span_id == 5 and probe.is_valid
+                and probe.trace_flags == _SAMPLED and probe.trace_state is made.trace_state):
+            return fast
+    except Exception:  # noqa: BLE001 - another layout: the constructor
+        pass
+    return slow
+
+
+_span_context = _context_maker()
 
 
 class Event(NamedTuple):
@@ -138,18 +170,23 @@ class LightTracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> LightSpan:
-        from agl_core.collector import current_rollout
-
-        current = trace.get_current_span(context)
-        parent = current.get_span_context()
-        if parent.is_valid:
-            ctx = SpanContext(parent.trace_id, _bits(64) or 1, False, _SAMPLED)
+        current = (_get_context() if context is None else context).get(_SPAN_KEY)
+        if type(current) is LightSpan:  # agl's own span (the common case): no ABC check, always valid
+            parent: SpanContext | None = current.context
+            ctx = _span_context(current.context.trace_id, _bits(64) or 1)
         else:
-            parent = None  # type: ignore[assignment]
-            ctx = SpanContext(_bits(128) or 1, _bits(64) or 1, False, _SAMPLED)
-        attrs = dict(attributes) if attributes else {}
-        if attrs and not encoding.capture_content:
-            attrs = encoding.redact(attrs)
+            if current is None or not isinstance(current, trace.Span):
+                current = trace.INVALID_SPAN
+            parent = current.get_span_context()
+            if parent.is_valid:
+                ctx = _span_context(parent.trace_id, _bits(64) or 1)
+            else:
+                parent = None
+                ctx = _span_context(_bits(128) or 1, _bits(64) or 1)
+        if attributes:
+            attrs = dict(attributes) if encoding.capture_content else encoding.redact(attributes)
+        else:
+            attrs = {}
         buffer = current_rollout.get()
         if buffer is not None:
             if buffer.closed:

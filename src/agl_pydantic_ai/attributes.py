@@ -273,19 +273,31 @@ def input_messages_json(messages: Any) -> str:
 # --------------------------------------------------------------------------- tools offered
 
 
-_tool_defs: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(ToolDefinition) -> (it, chat definition)
+_tool_defs: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}  # (name, description, id(schema)) -> (schema, def)
 
 
 def _tool_definition(tool: Any) -> dict[str, Any]:
-    hit = _tool_defs.get(id(tool))
-    if hit is not None and hit[0] is tool:
+    """A ``ToolDefinition`` in the chat tools format, the same dict for every call that offers the same tool.
+
+    Pydantic AI builds a new ``ToolDefinition`` for every model request (its toolsets prepare the tools per
+    step) around the same JSON-schema dict, made once with the tool: so the key is the definition's name and
+    description and the schema object's id (the schema is held, so its id stays its own), and the tools' JSON
+    below is encoded once per set of tools instead of once per request.
+    """
+    description = getattr(tool, "description", None) or ""
+    schema = getattr(tool, "parameters_json_schema", None) or {}
+    name = tool.name
+    key = (name, description, id(schema))
+    try:
+        hit = _tool_defs.get(key)
+    except TypeError:  # a name or description that is no string (unhashable): not cached
+        return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+    if hit is not None and hit[0] is schema:
         return hit[1]
-    definition = {"type": "function", "function": {
-        "name": tool.name, "description": getattr(tool, "description", None) or "",
-        "parameters": getattr(tool, "parameters_json_schema", None) or {}}}
+    definition = {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
     if len(_tool_defs) >= 1024:
         _tool_defs.clear()
-    _tool_defs[id(tool)] = (tool, definition)
+    _tool_defs[key] = (schema, definition)
     return definition
 
 
@@ -353,7 +365,14 @@ def response_attributes(response: Any, request_model: str | None) -> Attributes:
             attrs[attr] = value
     message = response_message(response)
     reason = _finish_reason(response, message)
-    attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = dumps([to_genai(message, reason)])
+    text = dumps(to_genai(message))
+    # the same JSON as dumps([to_genai(message, reason)]): the finish reason is the message's last key
+    attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = (f"[{text[:-1]},\"finish_reason\":{dumps(reason)}}}]"
+                                             if reason is not None else f"[{text}]")
+    if getattr(response, "kind", None) == "response":
+        # the next request re-sends this response as history, and its JSON there is this one without the
+        # finish reason (``_message_json``): remembered now rather than converted again then
+        _memo.remember(response, text)
     if reason is not None:
         attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (reason,)
     return attrs
