@@ -62,6 +62,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import types
 import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextvars import ContextVar, Token
@@ -226,6 +227,8 @@ def _pull_around(stream: Any, factory: Callable[[], Any]) -> Any:
 def _follow_run(scope: _AgentScope, result: Any) -> Any:
     """``result`` of an agent's ``run``, made to keep the agent current while the caller awaits or pulls it."""
     try:
+        if type(result) is types.CoroutineType:  # an awaited run (the ABC checks below cost more than this one)
+            return _named_await(scope, result)
         if isinstance(result, _Framework.ResponseStream):
             return _pull_around(result, lambda: scope)
         if inspect.isawaitable(result):
@@ -370,6 +373,8 @@ def _start_llm(client: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) ->
 def _follow_call(call: _LlmCall, result: Any) -> Any:
     """``result`` of a traced request, made to end the span when the response (or the stream's end) arrives."""
     try:
+        if type(result) is types.CoroutineType:  # an awaited request (before the ABC checks below)
+            return _traced_await(call, result)
         if isinstance(result, _Framework.ResponseStream):
             call.stream = weakref.ref(result)
             weakref.finalize(result, call.abandon)
@@ -392,6 +397,9 @@ def _follow_call(call: _LlmCall, result: Any) -> Any:
 async def _traced_await(call: _LlmCall, awaitable: Any) -> Any:
     with call:
         result = await awaitable
+    if type(result) is _Framework.ChatResponse:  # the usual answer, told apart before the ABC checks
+        call.finish(result)
+        return result
     if isinstance(result, _Framework.ResponseStream):  # an async client method that resolves to a stream
         return _follow_call(call, result)
     call.finish(result if isinstance(result, _Framework.ChatResponse) else None)
