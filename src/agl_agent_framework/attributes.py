@@ -282,8 +282,8 @@ def request_messages_attributes(messages: Any, options: Any) -> Attributes:
         attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages, opts.get("instructions"))
     tools = opts.get("tools")
     if tools:
-        attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = _tool_definitions_json(tools if type(tools) is list or isinstance(tools, Sequence)
-                                                                        else [tools])
+        listed = tools if type(tools) is list or isinstance(tools, Sequence) else [tools]
+        attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = _tool_definitions_json(listed)
     return attrs
 
 
