@@ -15,6 +15,14 @@ between overheads (agl's over OpenInference's) hold steady from run to run.
 Each round is timed in wall time, what an agent waits, and in the process's CPU time,
 which leaves out what other processes take from this one and so is the steadier figure.
 
+Two more guards against a busy machine, the same for every variant: a benchmark may have
+each round start with ``warmup`` untimed calls (``time_calls(..., warmup=1)``), so the
+first call after a variant is switched on (cold caches, lazily built state) is not charged
+to that variant's round; and ``report`` prints, beside the ratio of the median overheads,
+the median over rounds of the ratio of two variants' overheads *in the same round*
+(``round_ratios``), which a slow stretch of the run moves less, since it slows both sides
+of each ratio alike.
+
 Scripts run as ``python bench/<name>.py`` put this folder on the path, so ``import harness``.
 """
 

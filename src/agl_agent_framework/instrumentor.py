@@ -68,7 +68,6 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any, ClassVar
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -77,6 +76,7 @@ from agl_core import collector, semconv
 from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
+from agl_core.tracer import attach_context, detach_context
 
 _MARK = "_agl_agent_framework_original"  # set on every wrapper, holding what it wraps
 
@@ -91,14 +91,25 @@ class _Framework:
     BadArguments: Any = ()  # the framework's argument-validation error: the model's call was bad, the tool never ran
 
 
+def _attach(ctx: Any, site: str) -> Any:
+    """Make ``ctx`` current; None (nothing to undo) when that failed, which is reported."""
+    try:
+        return attach_context(ctx)
+    except Exception as exc:  # noqa: BLE001 - fail-open: the call goes on, its span just is not current
+        report(site, exc)
+        return None
+
+
 def _leave(ctx_token: object, var: ContextVar[Any], var_token: Token[Any]) -> None:
     """Undo what entering a call made current; never raises (a stream may be closed from another context)."""
     try:
         var.reset(var_token)
     except ValueError:
         var.set(None)
+    if ctx_token is None:  # never attached
+        return
     try:
-        otel_context.detach(ctx_token)  # type: ignore[arg-type]
+        detach_context(ctx_token)
     except Exception as exc:  # noqa: BLE001
         report("agent_framework.detach", exc)
 
@@ -260,7 +271,7 @@ class _LlmCall:
         self.exhausted: Any = None  # the stream's updates, once it reached its end (for on_result or abandon)
 
     def __enter__(self) -> _LlmCall:
-        self._tokens = (otel_context.attach(self.ctx), _call.set(self))
+        self._tokens = (_attach(self.ctx, "agent_framework.attach"), _call.set(self))
         return self
 
     def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
@@ -624,7 +635,7 @@ class AgentFrameworkInstrumentor(Instrumentor):
             run = _start_tool_for_call(function_call_content) if plugin._active else None
             if run is None:
                 return await original(function_call_content, *args, **kwargs)
-            ctx_token, run_token = otel_context.attach(run.ctx), _tool_run.set(run)
+            ctx_token, run_token = _attach(run.ctx, "agent_framework.attach"), _tool_run.set(run)
             try:
                 result = await original(function_call_content, *args, **kwargs)
             except BaseException as exc:
@@ -663,7 +674,7 @@ class AgentFrameworkInstrumentor(Instrumentor):
             if run is None:
                 return await original(tool, *args, **kwargs)
             run.claimed = True
-            ctx_token, run_token = otel_context.attach(run.ctx), _tool_run.set(run)
+            ctx_token, run_token = _attach(run.ctx, "agent_framework.attach"), _tool_run.set(run)
             try:
                 value = await original(tool, *args, **kwargs)
             except BaseException as exc:

@@ -15,6 +15,7 @@ spans go through the SDK and the user's exporters (see ``collector``).
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import traceback
@@ -41,7 +42,49 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
 _bits = random.getrandbits
 _new_tuple = tuple.__new__
-_get_context = otel_context.get_current
+
+
+def _runtime_var() -> Any:
+    """The ``ContextVar`` behind OpenTelemetry's default runtime context, or None under another runtime context."""
+    try:
+        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+        runtime = otel_context._RUNTIME_CONTEXT
+        if type(runtime) is ContextVarsRuntimeContext:
+            return runtime, runtime._current_context
+    except Exception:  # noqa: BLE001 - another release's layout: the API's functions
+        pass
+    return None, None
+
+
+_runtime, _context_var = _runtime_var()
+_otel_context_logger = logging.getLogger(otel_context.__name__)
+
+
+def current_context() -> Context:
+    """``opentelemetry.context.get_current()``, one ``ContextVar.get`` under the API's default runtime context."""
+    if _context_var is not None and otel_context._RUNTIME_CONTEXT is _runtime:
+        return _context_var.get()  # type: ignore[no-any-return]
+    return otel_context.get_current()
+
+
+def attach_context(context: Context) -> Any:
+    """``opentelemetry.context.attach(context)``, without its two calls down to the ``ContextVar`` (hooks make
+    a span current around every model call, tool call and streamed pull)."""
+    if _context_var is not None and otel_context._RUNTIME_CONTEXT is _runtime:
+        return _context_var.set(context)
+    return otel_context.attach(context)
+
+
+def detach_context(token: Any) -> None:
+    """``opentelemetry.context.detach(token)``: the same reset, and on failure the API's own log line."""
+    if _context_var is not None and otel_context._RUNTIME_CONTEXT is _runtime:
+        try:
+            _context_var.reset(token)
+        except Exception:  # noqa: BLE001 - as the API does: logged, never raised
+            _otel_context_logger.exception("Failed to detach context")
+        return
+    otel_context.detach(token)
 
 
 def _context_maker() -> Any:
@@ -91,7 +134,7 @@ class LightSpan(trace.Span):
         self.parent = parent
         self.kind = kind
         self.attributes = attributes
-        self.events: list[Event] = []
+        self.events: Sequence[Event] = ()  # a list from the first event on: most spans have none
         self.status = _UNSET
         self.start_time = start_time
         self.end_time: int | None = None
@@ -113,7 +156,11 @@ class LightSpan(trace.Span):
 
     def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
         if self.end_time is None:
-            self.events.append(Event(name, timestamp or time.time_ns(), dict(attributes or {})))
+            event = Event(name, timestamp or time.time_ns(), dict(attributes or {}))
+            if type(self.events) is list:
+                self.events.append(event)
+            else:
+                self.events = [event]
 
     def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
         return None  # links are not part of agl's records
@@ -170,7 +217,7 @@ class LightTracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> LightSpan:
-        current = (_get_context() if context is None else context).get(_SPAN_KEY)
+        current = (current_context() if context is None else context).get(_SPAN_KEY)
         if type(current) is LightSpan:  # agl's own span (the common case): no ABC check, always valid
             parent: SpanContext | None = current.context
             ctx = _span_context(current.context.trace_id, _bits(64) or 1)
