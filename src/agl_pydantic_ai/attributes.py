@@ -199,38 +199,27 @@ def input_messages(messages: Any) -> list[Message]:
     return out
 
 
-class _Alive:
-    """The last part of a memo key: holds the keyed objects, so their ids stay theirs while the key lives.
-
-    Two live objects never share an id, so keys whose ids are equal name the same objects: this part
-    always compares equal (and hashes alike), and a lookup costs no Python-level comparison beyond it.
-    """
-
-    __slots__ = ("objects",)
-
-    def __init__(self, objects: tuple[Any, ...]) -> None:
-        self.objects = objects
-
-    def __hash__(self) -> int:
-        return 0
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Alive)
-
-
 def _memo_key(message: Any) -> Hashable | None:
-    """The same message object with the same parts (a run re-sends its history, holding the same objects)."""
+    """The same message object with the same parts (a run re-sends its history, holding the same objects).
+
+    The key is their ids; the memo watches the objects themselves (``_watched``) and drops the entry when
+    one of them is freed, so an id in a live key is always the object it was taken from.
+    """
     parts = getattr(message, "parts", None)
     if not isinstance(parts, (list, tuple)):
         return None
-    return (id(message), *map(id, parts), _Alive((message, *parts)))
+    return (id(message), *map(id, parts))
+
+
+def _watched(message: Any) -> tuple[Any, ...]:
+    return (message, *message.parts)
 
 
 def _message_json(message: Any) -> str:
     return ",".join(dumps(to_genai(m)) for m in _message(message))
 
 
-_memo = MessageMemo(_memo_key, _message_json)
+_memo = MessageMemo(_memo_key, _message_json, watch=_watched)
 
 
 def _first_key(first: tuple[Any, str]) -> Hashable | None:
@@ -248,7 +237,7 @@ def _first_json(first: tuple[Any, str]) -> str:
     return ",".join(dumps(to_genai(m)) for m in head)
 
 
-_first_memo = MessageMemo(_first_key, _first_json)
+_first_memo = MessageMemo(_first_key, _first_json, watch=lambda first: _watched(first[0]))
 
 
 def input_messages_json(messages: Any) -> str:
