@@ -21,11 +21,12 @@ path below is awaited or streamed. Hooks, and why each catches every path:
   is one span: a client calling another one, or a subclass calling
   ``super()._inner_get_response``, adds none. The span is current while the
   client runs (for a stream: around each chunk's pull, through the stream's own
-  ``with_pull_context_manager``), so the span of agl's ``openai`` plugin for the
-  HTTP request nests in it and they become one transition that takes the agent
-  from this span and the token ids and the ``traceparent`` join from that one.
-  A stream's span ends when the stream is exhausted (with the updates it
-  produced), fails, is closed early (with what arrived) or is dropped unread.
+  pull context managers, inside the framework's one), so the span of agl's
+  ``openai`` plugin for the HTTP request nests in it and they become one
+  transition that takes the agent from this span and the token ids and the
+  ``traceparent`` join from that one. A stream's span ends when the stream is
+  exhausted (with the final response the framework builds from its updates),
+  fails, is closed early (with what arrived) or is dropped unread.
 - **Agent identity**: ``run`` of every ``BaseAgent`` class (``Agent``,
   ``RawAgent``, ``WorkflowAgent``, A2A and the user's own, found and hooked the
   same way) keeps the agent in a ``ContextVar`` while its run goes on, its

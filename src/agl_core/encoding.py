@@ -218,7 +218,7 @@ def _drop_entry(memo_ref: weakref.ref[MessageMemo], key: Hashable, _gone: Any) -
     if memo is not None:
         text = memo.entries.pop(key, None)
         if text is not None:
-            memo.chars -= len(text)
+            memo.chars = max(0, memo.chars - len(text))
 
 
 class MessageMemo:
