@@ -210,7 +210,7 @@ async def _round(agent: Agent, stream: bool, turns: int) -> harness.Timing:
         else:
             await agent.run("What is 6 * 7?")
 
-    return await harness.time_calls_async(turn, turns)
+    return await harness.time_calls_async(turn, turns, warmup=1)
 
 
 async def _main(args: argparse.Namespace) -> None:

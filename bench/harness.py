@@ -15,6 +15,14 @@ between overheads (agl's over OpenInference's) hold steady from run to run.
 Each round is timed in wall time, what an agent waits, and in the process's CPU time,
 which leaves out what other processes take from this one and so is the steadier figure.
 
+Two more guards against a busy machine, the same for every variant: a benchmark may have
+each round start with ``warmup`` untimed calls (``time_calls(..., warmup=1)``), so the
+first call after a variant is switched on (cold caches, lazily built state) is not charged
+to that variant's round; and ``report`` prints, beside the ratio of the median overheads,
+the median over rounds of the ratio of two variants' overheads *in the same round*
+(``round_ratios``), which a slow stretch of the run moves less, since it slows both sides
+of each ratio alike.
+
 Scripts run as ``python bench/<name>.py`` put this folder on the path, so ``import harness``.
 """
 
@@ -85,16 +93,20 @@ class OpenInference(Variant):
 # --------------------------------------------------------------------------- timing
 
 
-def time_calls(call: Callable[[], object], calls: int) -> Timing:
-    """µs per call of ``calls`` calls, in wall and in process CPU time."""
+def time_calls(call: Callable[[], object], calls: int, warmup: int = 0) -> Timing:
+    """µs per call of ``calls`` calls, in wall and in process CPU time (after ``warmup`` untimed calls)."""
+    for _ in range(warmup):
+        call()
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         call()
     return (time.perf_counter() - wall) / calls * 1e6, (time.process_time() - cpu) / calls * 1e6
 
 
-async def time_calls_async(call: Callable[[], Awaitable[object]], calls: int) -> Timing:
+async def time_calls_async(call: Callable[[], Awaitable[object]], calls: int, warmup: int = 0) -> Timing:
     """``time_calls`` for a coroutine function, awaited one call after another."""
+    for _ in range(warmup):
+        await call()
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         await call()
@@ -180,6 +192,24 @@ def report(title: str, times: Times, *, unit: str = "call", decimals: int = 1, b
         for peer in (p for p in peers if p in overhead):
             ratios = [f"{label} {mine / theirs:.2f}"
                       for mine, theirs, label in zip(overhead[ours], overhead[peer], labels, strict=True) if theirs > 0]
+            per_round = [f"{label} {r:.2f}" for label, r in zip(("wall", "CPU"), round_ratios(times, ours, peer),
+                                                                  strict=True) if r is not None]
+            if per_round:
+                ratios.append(f"median of per-round ratios: {', '.join(per_round)}")
             peer_label = "OpenInference" if peer == "openinference" else peer
             goal = f"  (target <= {target:.2f})" if target is not None else ""
             print(f"  {ours} overhead / {peer_label} overhead: {', '.join(ratios) or 'n/a (peer overhead <= 0)'}{goal}")
+
+
+def round_ratios(times: Times, ours: str, peer: str) -> tuple[float | None, float | None]:
+    """The median over rounds of ``ours``'s overhead over ``peer``'s in the same round, in wall and CPU time.
+
+    Each round's two overheads are taken against that round's baseline, so the round's drift is in both and
+    cancels in their ratio; a round where the peer's overhead came out at zero or below is left out.
+    """
+    out: list[float | None] = []
+    for k in (0, 1):
+        ratios = [(a[k] - b[k]) / (p[k] - b[k])
+                  for a, p, b in zip(times[ours], times[peer], times["none"], strict=True) if p[k] - b[k] > 0]
+        out.append(statistics.median(ratios) if ratios else None)
+    return out[0], out[1]

@@ -260,8 +260,8 @@ def request_attributes(client: Any, options: Any, client_kwargs: Any, stream: bo
     """The span's start attributes from ``client.get_response(messages, stream=..., options=...)``, messages aside."""
     attrs = dict(_common(client))
     attrs[semconv.GEN_AI_REQUEST_STREAM] = stream
-    opts: Mapping[str, Any] = options if isinstance(options, Mapping) else {}
-    kwargs = client_kwargs if isinstance(client_kwargs, Mapping) else None
+    opts: Mapping[str, Any] = options if type(options) is dict or isinstance(options, Mapping) else {}
+    kwargs = client_kwargs if type(client_kwargs) is dict or isinstance(client_kwargs, Mapping) else None
     model = _model(client, opts, kwargs)
     if model is not None:
         attrs[semconv.GEN_AI_REQUEST_MODEL] = model
@@ -276,14 +276,14 @@ def request_attributes(client: Any, options: Any, client_kwargs: Any, stream: bo
 
 def request_messages_attributes(messages: Any, options: Any) -> Attributes:
     """The request's prompt (instructions included) and the tools it offers, as sent to the model."""
-    opts: Mapping[str, Any] = options if isinstance(options, Mapping) else {}
+    opts: Mapping[str, Any] = options if type(options) is dict or isinstance(options, Mapping) else {}
     attrs: Attributes = {}
     if messages is not None:
         attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages, opts.get("instructions"))
     tools = opts.get("tools")
     if tools:
-        attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = _tool_definitions_json(tools if isinstance(tools, Sequence)
-                                                                        else [tools])
+        listed = tools if type(tools) is list or isinstance(tools, Sequence) else [tools]
+        attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = _tool_definitions_json(listed)
     return attrs
 
 

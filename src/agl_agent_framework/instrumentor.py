@@ -21,11 +21,12 @@ path below is awaited or streamed. Hooks, and why each catches every path:
   is one span: a client calling another one, or a subclass calling
   ``super()._inner_get_response``, adds none. The span is current while the
   client runs (for a stream: around each chunk's pull, through the stream's own
-  ``with_pull_context_manager``), so the span of agl's ``openai`` plugin for the
-  HTTP request nests in it and they become one transition that takes the agent
-  from this span and the token ids and the ``traceparent`` join from that one.
-  A stream's span ends when the stream is exhausted (with the updates it
-  produced), fails, is closed early (with what arrived) or is dropped unread.
+  pull context managers, inside the framework's one), so the span of agl's
+  ``openai`` plugin for the HTTP request nests in it and they become one
+  transition that takes the agent from this span and the token ids and the
+  ``traceparent`` join from that one. A stream's span ends when the stream is
+  exhausted (with the final response the framework builds from its updates),
+  fails, is closed early (with what arrived) or is dropped unread.
 - **Agent identity**: ``run`` of every ``BaseAgent`` class (``Agent``,
   ``RawAgent``, ``WorkflowAgent``, A2A and the user's own, found and hooked the
   same way) keeps the agent in a ``ContextVar`` while its run goes on, its
@@ -62,12 +63,12 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import types
 import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any, ClassVar
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -76,6 +77,7 @@ from agl_core import collector, semconv
 from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
+from agl_core.tracer import attach_context, detach_context
 
 _MARK = "_agl_agent_framework_original"  # set on every wrapper, holding what it wraps
 
@@ -90,14 +92,25 @@ class _Framework:
     BadArguments: Any = ()  # the framework's argument-validation error: the model's call was bad, the tool never ran
 
 
+def _attach(ctx: Any, site: str) -> Any:
+    """Make ``ctx`` current; None (nothing to undo) when that failed, which is reported."""
+    try:
+        return attach_context(ctx)
+    except Exception as exc:  # noqa: BLE001 - fail-open: the call goes on, its span just is not current
+        report(site, exc)
+        return None
+
+
 def _leave(ctx_token: object, var: ContextVar[Any], var_token: Token[Any]) -> None:
     """Undo what entering a call made current; never raises (a stream may be closed from another context)."""
     try:
         var.reset(var_token)
     except ValueError:
         var.set(None)
+    if ctx_token is None:  # never attached
+        return
     try:
-        otel_context.detach(ctx_token)  # type: ignore[arg-type]
+        detach_context(ctx_token)
     except Exception as exc:  # noqa: BLE001
         report("agent_framework.detach", exc)
 
@@ -176,11 +189,60 @@ async def _named_stream(scope: _AgentScope, stream: Any) -> AsyncGenerator[Any, 
                 await close()
 
 
+class _Nested:
+    """Two pull context managers entered as one: the framework's own (outer), then agl's (inner).
+
+    What ``ResponseStream`` does with several factories (an ``ExitStack`` around each pull), without the
+    stack's machinery on every pull.
+    """
+
+    __slots__ = ("outer", "inner_factory", "inner")
+
+    def __init__(self, outer: Any, inner_factory: Callable[[], Any]) -> None:
+        self.outer = outer
+        self.inner_factory = inner_factory
+
+    def __enter__(self) -> Any:
+        value = self.outer.__enter__()
+        try:
+            self.inner = self.inner_factory()
+            self.inner.__enter__()
+        except BaseException:
+            self.outer.__exit__(*sys.exc_info())
+            raise
+        return value
+
+    def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> bool:
+        suppressed = False
+        if self.inner.__exit__(et, exc, tb):
+            et = exc = tb = None
+            suppressed = True
+        return bool(self.outer.__exit__(et, exc, tb)) or suppressed
+
+
+def _pull_around(stream: Any, factory: Callable[[], Any]) -> Any:
+    """``stream.with_pull_context_manager(factory)``; merged into the stream's one factory where it has one.
+
+    The framework's streams already carry a pull context manager of their own (its telemetry layers add
+    one, tracing on or off); a second one sends every pull of the stream through an ``ExitStack``, which
+    costs more than the rest of agl's work on the pull. Entering both through one :class:`_Nested` keeps
+    the order (the framework's first, agl's inside it) and the stream on its one-factory path.
+    """
+    factories = getattr(stream, "_pull_context_manager_factories", None)
+    if type(factories) is list and len(factories) == 1:
+        outer = factories[0]
+        factories[0] = lambda: _Nested(outer(), factory)
+        return stream
+    return stream.with_pull_context_manager(factory)
+
+
 def _follow_run(scope: _AgentScope, result: Any) -> Any:
     """``result`` of an agent's ``run``, made to keep the agent current while the caller awaits or pulls it."""
     try:
+        if type(result) is types.CoroutineType:  # an awaited run (the ABC checks below cost more than this one)
+            return _named_await(scope, result)
         if isinstance(result, _Framework.ResponseStream):
-            return result.with_pull_context_manager(lambda: scope)
+            return _pull_around(result, lambda: scope)
         if inspect.isawaitable(result):
             return _named_await(scope, result)
         if inspect.isasyncgen(result):
@@ -196,7 +258,8 @@ def _follow_run(scope: _AgentScope, result: Any) -> Any:
 class _LlmCall:
     """One traced model request: its span, current (with the call) while entered; a stream's pull context."""
 
-    __slots__ = ("span", "ctx", "client", "request", "stream", "ended", "_tokens", "__weakref__")
+    __slots__ = ("span", "ctx", "client", "request", "stream", "ended", "awaits_result", "exhausted", "_tokens",
+                 "__weakref__")
 
     def __init__(self, span: trace.Span, client: Any, request: tuple[Any, Any] | None) -> None:
         self.span = span
@@ -205,9 +268,11 @@ class _LlmCall:
         self.request = request  # (messages, options) not recorded yet: _inner_get_response records what it sends
         self.stream: Any = None  # a weak reference to the stream this call's result is
         self.ended = False
+        self.awaits_result = False  # the stream hands its final response to on_result
+        self.exhausted: Any = None  # the stream's updates, once it reached its end (for on_result or abandon)
 
     def __enter__(self) -> _LlmCall:
-        self._tokens = (otel_context.attach(self.ctx), _call.set(self))
+        self._tokens = (_attach(self.ctx, "agent_framework.attach"), _call.set(self))
         return self
 
     def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
@@ -216,7 +281,10 @@ class _LlmCall:
         if exc is None or self.ended:
             return
         if et is StopAsyncIteration:
-            self.finish(self._updates_so_far())
+            if self.awaits_result:  # the framework builds the response from the updates next: on_result
+                self.exhausted = self._updates()
+            else:
+                self.finish(self._updates_so_far())
         elif et is not GeneratorExit:
             self.fail(exc)
 
@@ -227,15 +295,26 @@ class _LlmCall:
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("agent_framework.request", exc)
 
-    def _updates_so_far(self) -> Any:
+    def _updates(self) -> Any:
         stream = self.stream() if self.stream is not None else None
-        if stream is None:
-            return None
+        return None if stream is None else stream.updates
+
+    def _updates_so_far(self, updates: Any = None) -> Any:
+        if updates is None:
+            updates = self._updates()
+            if updates is None:
+                return None
         try:
-            return _Framework.ChatResponse.from_updates(stream.updates)
+            return _Framework.ChatResponse.from_updates(updates)
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("agent_framework.stream_response", exc)
             return None
+
+    def on_result(self, response: Any) -> None:
+        """The stream's final response, as the framework built it from the updates once they were all in."""
+        if not self.ended:
+            self.finish(response if isinstance(response, _Framework.ChatResponse)
+                        else self._updates_so_far(self.exhausted))
 
     def finish(self, response: Any) -> None:
         if self.ended:
@@ -264,14 +343,17 @@ class _LlmCall:
         _end_with_error(self.span, exc, "agent_framework.error")
 
     def on_cleanup(self) -> None:
-        """The stream was consumed or closed: a stream closed before its end keeps what arrived."""
-        if not self.ended:
+        """The stream was consumed or closed: a stream closed before its end keeps what arrived.
+
+        A stream consumed to its end goes on to build its final response, which ``on_result`` records.
+        """
+        if not self.ended and self.exhausted is None:
             self.finish(self._updates_so_far())
 
     def abandon(self) -> None:
-        """The stream was dropped without being consumed to its end or closed."""
+        """The stream was dropped without being consumed to its end or closed (or without its final response)."""
         if not self.ended:
-            self.finish(None)
+            self.finish(self._updates_so_far(self.exhausted) if self.exhausted is not None else None)
 
 
 _call: ContextVar[_LlmCall | None] = ContextVar("agl_agent_framework_call", default=None)
@@ -303,10 +385,18 @@ def _start_llm(client: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) ->
 def _follow_call(call: _LlmCall, result: Any) -> Any:
     """``result`` of a traced request, made to end the span when the response (or the stream's end) arrives."""
     try:
+        if type(result) is types.CoroutineType:  # an awaited request (before the ABC checks below)
+            return _traced_await(call, result)
         if isinstance(result, _Framework.ResponseStream):
             call.stream = weakref.ref(result)
             weakref.finalize(result, call.abandon)
-            return result.with_pull_context_manager(lambda: call).with_cleanup_hook(call.on_cleanup)
+            stream = _pull_around(result, lambda: call).with_cleanup_hook(call.on_cleanup)
+            try:  # the response the framework builds once at the end, rather than agl building it again
+                stream = stream.with_result_hook(call.on_result)
+                call.awaits_result = True
+            except Exception:  # noqa: BLE001 - no result hook on this stream: the updates, at their end
+                pass
+            return stream
         if inspect.isawaitable(result):
             return _traced_await(call, result)
         call.finish(result if isinstance(result, _Framework.ChatResponse) else None)
@@ -319,6 +409,9 @@ def _follow_call(call: _LlmCall, result: Any) -> Any:
 async def _traced_await(call: _LlmCall, awaitable: Any) -> Any:
     with call:
         result = await awaitable
+    if type(result) is _Framework.ChatResponse:  # the usual answer, told apart before the ABC checks
+        call.finish(result)
+        return result
     if isinstance(result, _Framework.ResponseStream):  # an async client method that resolves to a stream
         return _follow_call(call, result)
     call.finish(result if isinstance(result, _Framework.ChatResponse) else None)
@@ -543,7 +636,7 @@ class AgentFrameworkInstrumentor(Instrumentor):
             run = _start_tool_for_call(function_call_content) if plugin._active else None
             if run is None:
                 return await original(function_call_content, *args, **kwargs)
-            ctx_token, run_token = otel_context.attach(run.ctx), _tool_run.set(run)
+            ctx_token, run_token = _attach(run.ctx, "agent_framework.attach"), _tool_run.set(run)
             try:
                 result = await original(function_call_content, *args, **kwargs)
             except BaseException as exc:
@@ -582,7 +675,7 @@ class AgentFrameworkInstrumentor(Instrumentor):
             if run is None:
                 return await original(tool, *args, **kwargs)
             run.claimed = True
-            ctx_token, run_token = otel_context.attach(run.ctx), _tool_run.set(run)
+            ctx_token, run_token = _attach(run.ctx, "agent_framework.attach"), _tool_run.set(run)
             try:
                 value = await original(tool, *args, **kwargs)
             except BaseException as exc:

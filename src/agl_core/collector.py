@@ -234,6 +234,15 @@ def use_provider(tracer_provider: Any) -> None:
 
 
 _UNSET = object()
+_trace_api: Any = None  # ``opentelemetry.trace``, imported on the first call (a ``from`` import per call costs)
+
+
+def _load_trace_api() -> Any:
+    global _trace_api
+    from opentelemetry import trace
+
+    _trace_api = trace
+    return trace
 
 
 def tracer() -> Tracer:
@@ -242,8 +251,7 @@ def tracer() -> Tracer:
     ``trace.get_tracer_provider()`` reads ``os.environ`` on every call while no provider is set,
     so the hot path compares the API's global slot by identity and asks the API only on a change.
     """
-    from opentelemetry import trace
-
+    trace = _trace_api or _load_trace_api()
     raw = getattr(trace, "_TRACER_PROVIDER", _UNSET)
     t = _t.tracer
     if t is not None and raw is not _UNSET and raw is _t.seen_raw:

@@ -43,6 +43,7 @@ values of their own they become the text ``"nan"``/``"inf"`` in agl's records
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import weakref
@@ -199,6 +200,27 @@ def forget_messages() -> None:
         memo.clear()
 
 
+class _Watched(str):
+    """An entry's JSON, holding the weak references whose callbacks drop the entry (they live as long as it)."""
+
+    __slots__ = ("refs",)
+    refs: list[weakref.ref[Any]]
+
+    def __new__(cls, text: str, refs: list[weakref.ref[Any]]) -> _Watched:
+        self = super().__new__(cls, text)
+        self.refs = refs
+        return self
+
+
+def _drop_entry(memo_ref: weakref.ref[MessageMemo], key: Hashable, _gone: Any) -> None:
+    """A watched object was freed: its memo entry goes (whichever dict of entries the memo holds now)."""
+    memo = memo_ref()
+    if memo is not None:
+        text = memo.entries.pop(key, None)
+        if text is not None:
+            memo.chars = max(0, memo.chars - len(text))
+
+
 class MessageMemo:
     """JSON of already-seen messages, keyed by ``key(message)``; ``to_json(message)`` encodes one.
 
@@ -212,20 +234,54 @@ class MessageMemo:
     What it holds is one conversation's, so :func:`forget_messages` empties every memo when no
     rollout is open any more (the collector calls it): a long-running worker does not keep the
     messages of rollouts that have ended.
+
+    ``watch(message)``, where given, names the objects a key is made of by identity (the message
+    and its parts, keyed by ``id``): each entry is then dropped the moment one of them is freed
+    (a weak reference's callback, run before the object's id can be taken by another), so the key
+    need not hold them, and the memo keeps no message alive past the run that made it (a run's
+    messages would otherwise stay, with everything they hold, until the rollout ends: more work
+    for the garbage collector on every later call). An object that takes no weak reference is
+    not remembered.
     """
 
     def __init__(self, key: Callable[[Any], Hashable | None], to_json: Callable[[Any], str],
-                 max_chars: int = 8_000_000) -> None:
+                 max_chars: int = 8_000_000, watch: Callable[[Any], Iterable[Any]] | None = None) -> None:
         self.key = key
         self.to_json = to_json
         self.max_chars = max_chars
+        self.watch = watch
         self.entries: dict[Hashable, str] = {}
         self.chars = 0
         _memos.add(self)
 
+    def _store(self, entries: dict[Hashable, str], key: Hashable, message: Any, text: str) -> None:
+        if self.watch is not None:
+            drop = functools.partial(_drop_entry, weakref.ref(self), key)
+            try:
+                refs = [weakref.ref(o, drop) for o in self.watch(message)]
+            except TypeError:  # an object without weak references: not remembered
+                return
+            text = _Watched(text, refs)
+        if self.chars > self.max_chars:
+            entries.clear()
+            self.chars = 0
+        entries[key] = text
+        self.chars += len(text)
+
     def clear(self) -> None:
         self.entries = {}  # a new dict: an encode() running in another thread keeps the one it holds
         self.chars = 0
+
+    def remember(self, message: Any, text: str) -> None:
+        """Keep ``text`` as the JSON of ``message`` (what ``to_json(message)`` gives), computed elsewhere.
+
+        A plugin that has just encoded a model's response for the output attribute hands its JSON over,
+        so the next call, which re-sends that response as history, does not convert it again.
+        """
+        key = self.key(message)
+        if key is None or key in self.entries:
+            return
+        self._store(self.entries, key, message, text)
 
     def encode(self, messages: Iterable[Any]) -> str:
         """The JSON list of the messages' JSON."""
@@ -240,11 +296,7 @@ class MessageMemo:
                 text = entries.get(key)
                 if text is None:
                     text = to_json(message)
-                    if self.chars > self.max_chars:
-                        entries.clear()
-                        self.chars = 0
-                    entries[key] = text
-                    self.chars += len(text)
+                    self._store(entries, key, message, text)
             else:
                 text = to_json(message)
             if text:
@@ -252,14 +304,12 @@ class MessageMemo:
         return "[" + ",".join(parts) + "]"
 
 
-_FLOAT_PARAMS = (
-    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
-    ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
-)
-_INT_PARAMS = (
-    ("seed", semconv.GEN_AI_REQUEST_SEED),
-    ("max_completion_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
-    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),  # last: the older name wins when both are given
+_SAMPLING_PARAMS = (
+    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE, float),
+    ("top_p", semconv.GEN_AI_REQUEST_TOP_P, float),
+    ("seed", semconv.GEN_AI_REQUEST_SEED, int),
+    ("max_completion_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS, int),
+    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS, int),  # last: the older name wins when both are given
 )
 
 
@@ -269,18 +319,20 @@ def sampling_attributes(get: Callable[[str], Any], attrs: dict[str, Any]) -> Non
     Floats and ints become ``float`` attributes, ``seed`` and the max-token counts stay ``int``; anything
     else (None, a bool, a string) is left out.
     """
-    for key, name in _FLOAT_PARAMS:
-        number = get(key)
-        if isinstance(number, (int, float)) and type(number) is not bool:
-            attrs[name] = float(number)
-    for key, name in _INT_PARAMS:
+    for key, name, kind in _SAMPLING_PARAMS:
         value = get(key)
-        if type(value) is int:
+        if value is None:  # the usual answer: most calls set one or two of these, or none
+            continue
+        if kind is float:
+            if isinstance(value, (int, float)) and type(value) is not bool:
+                attrs[name] = float(value)
+        elif type(value) is int:
             attrs[name] = value
 
 
 _CLEAN = frozenset({str, bool, int, float, tuple})
 _sdk_types: tuple[type[Any], type[Any]] | None = None
+_is_sdk_span: dict[type[Any], bool] = {}  # span class -> whether it is the SDK's Span (or a subclass)
 
 
 def _sdk() -> tuple[type[Any], type[Any]]:
@@ -301,8 +353,13 @@ def set_on(span: Any, attrs: dict[str, Any]) -> None:
     """
     if not capture_content:
         attrs = redact(attrs)
-    span_type, bounded_type = _sdk_types or _sdk()
-    if isinstance(span, span_type):
+    sdk = _is_sdk_span.get(type(span))
+    if sdk is None:  # once per span class: the SDK's Span is an ABC, whose isinstance is a Python-level call
+        sdk = isinstance(span, (_sdk_types or _sdk())[0])
+        if len(_is_sdk_span) < 64:
+            _is_sdk_span[type(span)] = sdk
+    if sdk:
+        bounded_type = (_sdk_types or _sdk())[1]
         bounded = span._attributes
         if (type(bounded) is bounded_type and bounded.max_value_len is None
                 and (bounded.maxlen is None or len(bounded) + len(attrs) <= bounded.maxlen)

@@ -15,6 +15,7 @@ spans go through the SDK and the user's exporters (see ``collector``).
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import traceback
@@ -22,11 +23,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation import _SPAN_KEY
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from agl_core import encoding, semconv
+from agl_core.collector import current_rollout
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -36,6 +41,76 @@ if TYPE_CHECKING:
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
 _bits = random.getrandbits
+_new_tuple = tuple.__new__
+
+
+def _runtime_var() -> Any:
+    """The ``ContextVar`` behind OpenTelemetry's default runtime context, or None under another runtime context."""
+    try:
+        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+        runtime = otel_context._RUNTIME_CONTEXT
+        if type(runtime) is ContextVarsRuntimeContext:
+            return runtime, runtime._current_context
+    except Exception:  # noqa: BLE001 - another release's layout: the API's functions
+        pass
+    return None, None
+
+
+_runtime, _context_var = _runtime_var()
+_otel_context_logger = logging.getLogger(otel_context.__name__)
+
+
+def current_context() -> Context:
+    """``opentelemetry.context.get_current()``, one ``ContextVar.get`` under the API's default runtime context."""
+    if _context_var is not None and otel_context._RUNTIME_CONTEXT is _runtime:
+        return _context_var.get()  # type: ignore[no-any-return]
+    return otel_context.get_current()
+
+
+def attach_context(context: Context) -> Any:
+    """``opentelemetry.context.attach(context)``, without its two calls down to the ``ContextVar`` (hooks make
+    a span current around every model call, tool call and streamed pull)."""
+    if _context_var is not None and otel_context._RUNTIME_CONTEXT is _runtime:
+        return _context_var.set(context)
+    return otel_context.attach(context)
+
+
+def detach_context(token: Any) -> None:
+    """``opentelemetry.context.detach(token)``: the same reset, and on failure the API's own log line."""
+    if _context_var is not None and otel_context._RUNTIME_CONTEXT is _runtime:
+        try:
+            _context_var.reset(token)
+        except Exception:  # noqa: BLE001 - as the API does: logged, never raised
+            _otel_context_logger.exception("Failed to detach context")
+        return
+    otel_context.detach(token)
+
+
+def _context_maker() -> Any:
+    """``SpanContext(trace_id, span_id, False, SAMPLED)`` for ids known valid, without the API's range checks.
+
+    The API's ``SpanContext`` is a tuple of six fields; the shortcut builds that tuple directly, and is used
+    only when it gives exactly what the constructor gives on this release of the API.
+    """
+
+    def fast(trace_id: int, span_id: int) -> SpanContext:
+        return _new_tuple(SpanContext, (trace_id, span_id, False, _SAMPLED, DEFAULT_TRACE_STATE, True))
+
+    def slow(trace_id: int, span_id: int) -> SpanContext:
+        return SpanContext(trace_id, span_id, False, _SAMPLED)
+
+    try:
+        probe, made = fast(3, 5), slow(3, 5)
+        if (tuple(probe) == tuple(made) and probe.trace_id == 3 and probe.span_id == 5 and probe.is_valid
+                and probe.trace_flags == _SAMPLED and probe.trace_state is made.trace_state):
+            return fast
+    except Exception:  # noqa: BLE001 - another layout: the constructor
+        pass
+    return slow
+
+
+_span_context = _context_maker()
 
 
 class Event(NamedTuple):
@@ -59,7 +134,7 @@ class LightSpan(trace.Span):
         self.parent = parent
         self.kind = kind
         self.attributes = attributes
-        self.events: list[Event] = []
+        self.events: Sequence[Event] = ()  # a list from the first event on: most spans have none
         self.status = _UNSET
         self.start_time = start_time
         self.end_time: int | None = None
@@ -81,7 +156,11 @@ class LightSpan(trace.Span):
 
     def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
         if self.end_time is None:
-            self.events.append(Event(name, timestamp or time.time_ns(), dict(attributes or {})))
+            event = Event(name, timestamp or time.time_ns(), dict(attributes or {}))
+            if type(self.events) is list:
+                self.events.append(event)
+            else:
+                self.events = [event]
 
     def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
         return None  # links are not part of agl's records
@@ -138,18 +217,23 @@ class LightTracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> LightSpan:
-        from agl_core.collector import current_rollout
-
-        current = trace.get_current_span(context)
-        parent = current.get_span_context()
-        if parent.is_valid:
-            ctx = SpanContext(parent.trace_id, _bits(64) or 1, False, _SAMPLED)
+        current = (current_context() if context is None else context).get(_SPAN_KEY)
+        if type(current) is LightSpan:  # agl's own span (the common case): no ABC check, always valid
+            parent: SpanContext | None = current.context
+            ctx = _span_context(current.context.trace_id, _bits(64) or 1)
         else:
-            parent = None  # type: ignore[assignment]
-            ctx = SpanContext(_bits(128) or 1, _bits(64) or 1, False, _SAMPLED)
-        attrs = dict(attributes) if attributes else {}
-        if attrs and not encoding.capture_content:
-            attrs = encoding.redact(attrs)
+            if current is None or not isinstance(current, trace.Span):
+                current = trace.INVALID_SPAN
+            parent = current.get_span_context()
+            if parent.is_valid:
+                ctx = _span_context(parent.trace_id, _bits(64) or 1)
+            else:
+                parent = None
+                ctx = _span_context(_bits(128) or 1, _bits(64) or 1)
+        if attributes:
+            attrs = dict(attributes) if encoding.capture_content else encoding.redact(attributes)
+        else:
+            attrs = {}
         buffer = current_rollout.get()
         if buffer is not None:
             if buffer.closed:

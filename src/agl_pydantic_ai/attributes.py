@@ -199,38 +199,27 @@ def input_messages(messages: Any) -> list[Message]:
     return out
 
 
-class _Alive:
-    """The last part of a memo key: holds the keyed objects, so their ids stay theirs while the key lives.
-
-    Two live objects never share an id, so keys whose ids are equal name the same objects: this part
-    always compares equal (and hashes alike), and a lookup costs no Python-level comparison beyond it.
-    """
-
-    __slots__ = ("objects",)
-
-    def __init__(self, objects: tuple[Any, ...]) -> None:
-        self.objects = objects
-
-    def __hash__(self) -> int:
-        return 0
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Alive)
-
-
 def _memo_key(message: Any) -> Hashable | None:
-    """The same message object with the same parts (a run re-sends its history, holding the same objects)."""
+    """The same message object with the same parts (a run re-sends its history, holding the same objects).
+
+    The key is their ids; the memo watches the objects themselves (``_watched``) and drops the entry when
+    one of them is freed, so an id in a live key is always the object it was taken from.
+    """
     parts = getattr(message, "parts", None)
     if not isinstance(parts, (list, tuple)):
         return None
-    return (id(message), *map(id, parts), _Alive((message, *parts)))
+    return (id(message), *map(id, parts))
+
+
+def _watched(message: Any) -> tuple[Any, ...]:
+    return (message, *message.parts)
 
 
 def _message_json(message: Any) -> str:
     return ",".join(dumps(to_genai(m)) for m in _message(message))
 
 
-_memo = MessageMemo(_memo_key, _message_json)
+_memo = MessageMemo(_memo_key, _message_json, watch=_watched)
 
 
 def _first_key(first: tuple[Any, str]) -> Hashable | None:
@@ -248,7 +237,7 @@ def _first_json(first: tuple[Any, str]) -> str:
     return ",".join(dumps(to_genai(m)) for m in head)
 
 
-_first_memo = MessageMemo(_first_key, _first_json)
+_first_memo = MessageMemo(_first_key, _first_json, watch=lambda first: _watched(first[0]))
 
 
 def input_messages_json(messages: Any) -> str:
@@ -273,19 +262,31 @@ def input_messages_json(messages: Any) -> str:
 # --------------------------------------------------------------------------- tools offered
 
 
-_tool_defs: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(ToolDefinition) -> (it, chat definition)
+_tool_defs: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}  # (name, description, id(schema)) -> (schema, def)
 
 
 def _tool_definition(tool: Any) -> dict[str, Any]:
-    hit = _tool_defs.get(id(tool))
-    if hit is not None and hit[0] is tool:
+    """A ``ToolDefinition`` in the chat tools format, the same dict for every call that offers the same tool.
+
+    Pydantic AI builds a new ``ToolDefinition`` for every model request (its toolsets prepare the tools per
+    step) around the same JSON-schema dict, made once with the tool: so the key is the definition's name and
+    description and the schema object's id (the schema is held, so its id stays its own), and the tools' JSON
+    below is encoded once per set of tools instead of once per request.
+    """
+    description = getattr(tool, "description", None) or ""
+    schema = getattr(tool, "parameters_json_schema", None) or {}
+    name = tool.name
+    key = (name, description, id(schema))
+    try:
+        hit = _tool_defs.get(key)
+    except TypeError:  # a name or description that is no string (unhashable): not cached
+        return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+    if hit is not None and hit[0] is schema:
         return hit[1]
-    definition = {"type": "function", "function": {
-        "name": tool.name, "description": getattr(tool, "description", None) or "",
-        "parameters": getattr(tool, "parameters_json_schema", None) or {}}}
+    definition = {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
     if len(_tool_defs) >= 1024:
         _tool_defs.clear()
-    _tool_defs[id(tool)] = (tool, definition)
+    _tool_defs[key] = (schema, definition)
     return definition
 
 
@@ -353,7 +354,14 @@ def response_attributes(response: Any, request_model: str | None) -> Attributes:
             attrs[attr] = value
     message = response_message(response)
     reason = _finish_reason(response, message)
-    attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = dumps([to_genai(message, reason)])
+    text = dumps(to_genai(message))
+    # the same JSON as dumps([to_genai(message, reason)]): the finish reason is the message's last key
+    attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = (f"[{text[:-1]},\"finish_reason\":{dumps(reason)}}}]"
+                                             if reason is not None else f"[{text}]")
+    if getattr(response, "kind", None) == "response":
+        # the next request re-sends this response as history, and its JSON there is this one without the
+        # finish reason (``_message_json``): remembered now rather than converted again then
+        _memo.remember(response, text)
     if reason is not None:
         attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (reason,)
     return attrs

@@ -68,7 +68,6 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar, Token
 from typing import Any, ClassVar
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -76,6 +75,7 @@ from agl_core import collector, semconv
 from agl_core.encoding import sampler_attributes, set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
+from agl_core.tracer import attach_context, detach_context
 from agl_pydantic_ai import attributes
 
 TESTED = "pydantic-ai-slim >= 2.60, < 3"
@@ -165,9 +165,20 @@ def _fail(span: trace.Span, exc: BaseException, site: str, error_type: str | Non
         report(site, fault)
 
 
-def _detach(token: Any, site: str) -> None:
+def _attach(context: Any, site: str) -> Any:
+    """Make ``context`` current; None (nothing to undo) when that failed, which is reported."""
     try:
-        otel_context.detach(token)
+        return attach_context(context)
+    except Exception as exc:  # noqa: BLE001 - fail-open: the call goes on, its span just is not current
+        report(site, exc)
+        return None
+
+
+def _detach(token: Any, site: str) -> None:
+    if token is None:  # never attached
+        return
+    try:
+        detach_context(token)
     except Exception as exc:  # noqa: BLE001 - e.g. a context closed from another task
         report(site, exc)
 
@@ -223,7 +234,7 @@ class _Call:
         self.model_name = model_name
 
     def enter(self) -> tuple[Any, Token[bool]]:
-        return otel_context.attach(self.context), _in_llm.set(True)
+        return _attach(self.context, "pydantic_ai.attach"), _in_llm.set(True)
 
     @staticmethod
     def leave(tokens: tuple[Any, Token[bool]]) -> None:
@@ -357,7 +368,7 @@ class _Scope:
         try:
             span = collector.tracer().start_span(semconv.agent_span_name(name), attributes=attrs)
             self.span = span
-            self.tokens = (otel_context.attach(trace.set_span_in_context(span)), _agent.set(name),
+            self.tokens = (_attach(trace.set_span_in_context(span), "pydantic_ai.agent_start"), _agent.set(name),
                            _agent_obj.set(agent))
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("pydantic_ai.agent_start", exc)
@@ -452,7 +463,7 @@ class _ToolRun:
 
     def __init__(self, span: trace.Span) -> None:
         self.span = span
-        self.token = otel_context.attach(trace.set_span_in_context(span))
+        self.token = _attach(trace.set_span_in_context(span), "pydantic_ai.tool_start")
 
     def ok(self, result: Any) -> None:
         _detach(self.token, "pydantic_ai.tool_detach")

@@ -457,3 +457,78 @@ async def test_content_given_as_parts_reaches_the_prompt_as_sent(plugins: list[s
             for r in srv.requests]
     assert sent[1][-1]["content"] == "Paris: 18C\nsunny"
     assert [t.prompt for t in run.trajectory().transitions] == sent
+
+
+# --------------------------------------------------------------------------- the streamed path's cost
+
+
+async def test_a_streamed_span_takes_the_frameworks_final_response_built_once(
+        instrumented: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream consumed to its end: its span records the response the framework builds from the updates,
+    which is built once (agl rebuilt it with ``from_updates``, deep copies and all), and every pull still
+    goes through the stream's one pull-context factory with agl's span current inside the framework's."""
+    from agent_framework import ResponseStream
+
+    built = []
+    original = ChatResponse.from_updates.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[ChatResponse], *args: Any, **kwargs: Any) -> Any:
+        built.append(1)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(ChatResponse, "from_updates", classmethod(counting))
+    factories: list[int] = []
+    pull = ResponseStream._pull_next_update
+
+    async def counted_pull(self: Any, **kwargs: Any) -> Any:
+        factories.append(len(self._pull_context_manager_factories))
+        return await pull(self, **kwargs)
+
+    monkeypatch.setattr(ResponseStream, "_pull_next_update", counted_pull)
+    agent = Agent(client=EchoClient(), name="echo", instructions="Echo.")
+
+    async def consume() -> tuple[str, str]:
+        stream = agent.run("abc def", stream=True)
+        texts = [u.text async for u in stream]
+        return "".join(texts).strip(), (await stream.get_final_response()).text.strip()
+
+    agl.uninstrument()
+    assert await consume() == ("fed cba", "fed cba")
+    untraced, built[:] = len(built), []
+    agl.instrument(instrumented)
+    async with agl.rollout(task_id="t-once") as run:
+        assert await consume() == ("fed cba", "fed cba")
+    (chat,) = spans(run, "chat")
+    (t,) = run.trajectory().transitions
+    assert t.response["content"].strip() == "fed cba" and chat.status != "error"
+    assert chat.attributes[semconv.GEN_AI_OUTPUT_MESSAGES].count("fed") == 1
+    assert len(built) == untraced, (built, untraced)  # agl built no response of its own
+    assert factories and max(factories) == 1, factories
+
+
+async def test_the_merged_pull_context_keeps_the_framework_outside_and_agl_inside() -> None:
+    from agl_agent_framework.instrumentor import _Nested
+
+    order: list[str] = []
+
+    class Cm:
+        def __init__(self, name: str, suppress: bool = False) -> None:
+            self.name, self.suppress = name, suppress
+
+        def __enter__(self) -> str:
+            order.append(f"enter {self.name}")
+            return self.name
+
+        def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> bool:
+            order.append(f"exit {self.name} {type(exc).__name__ if exc else None}")
+            return self.suppress
+
+    with _Nested(Cm("framework"), lambda: Cm("agl")) as value:
+        assert value == "framework"
+    with pytest.raises(KeyError), _Nested(Cm("framework"), lambda: Cm("agl")):
+        raise KeyError("x")
+    with _Nested(Cm("framework"), lambda: Cm("agl", suppress=True)):
+        raise KeyError("y")
+    assert order == ["enter framework", "enter agl", "exit agl None", "exit framework None",
+                     "enter framework", "enter agl", "exit agl KeyError", "exit framework KeyError",
+                     "enter framework", "enter agl", "exit agl KeyError", "exit framework None"]

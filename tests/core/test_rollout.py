@@ -270,3 +270,29 @@ def test_tool_call_spans_record_outcomes() -> None:
     assert tools["c2"].attributes[semconv.AGL_TOOL_STATUS] == "error" and tools["c2"].status == "error"
     assert tools["c3"].attributes[semconv.AGL_TOOL_STATUS] == "exception"
     assert tools["c3"].attributes[semconv.ERROR_TYPE] == "ZeroDivisionError"
+
+
+def test_light_spans_carry_the_span_contexts_the_api_would_build() -> None:
+    """The light tracer builds its span contexts without the API's checks: they are the API's own, field for field,
+    under agl's span, under another tracer's span and with no parent at all."""
+    from opentelemetry import trace as api
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    from agl_core.tracer import LightTracer
+
+    tracer = LightTracer()
+    root = tracer.start_span("root")
+    child = tracer.start_span("child", context=api.set_span_in_context(root))
+    foreign = NonRecordingSpan(SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED)))
+    under_foreign = tracer.start_span("under", context=api.set_span_in_context(foreign))
+    with api.use_span(root):
+        current_child = tracer.start_span("current")
+    for span in (root, child, under_foreign, current_child):
+        ctx = span.get_span_context()
+        built = SpanContext(ctx.trace_id, ctx.span_id, False, TraceFlags(TraceFlags.SAMPLED))
+        assert type(ctx) is SpanContext and tuple(ctx) == tuple(built) and ctx == built
+        assert ctx.is_valid and not ctx.is_remote and ctx.trace_flags.sampled
+    assert root.parent is None
+    assert child.parent == root.context and child.context.trace_id == root.context.trace_id
+    assert current_child.parent == root.context
+    assert under_foreign.parent == foreign.get_span_context() and under_foreign.context.trace_id == 0xABC

@@ -4,6 +4,7 @@ class defined after ``instrument()``, wrappers (one span, not two), direct model
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -251,3 +252,48 @@ def test_the_memoised_input_json_is_the_plain_conversion() -> None:
     assert attributes.input_messages([first, call, back])[:3] == [
         {"role": "system", "content": "sys"}, {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hi"}]
+
+
+def test_a_responses_output_json_and_its_remembered_history_json_are_the_plain_conversions() -> None:
+    """The output JSON is derived from the history JSON (the finish reason spliced in), and the history JSON is
+    remembered for the next request: both say, byte for byte, what converting the message says."""
+    from pydantic_ai.messages import ThinkingPart
+
+    from agl_core.encoding import dumps
+    from agl_core.messages import to_genai
+    from agl_pydantic_ai import attributes
+
+    for response in (ModelResponse(parts=[ToolCallPart("f", {"x": 1}, tool_call_id="c1")], finish_reason="tool_call"),
+                     ModelResponse(parts=[ThinkingPart("hmm"), TextPart("done"), ToolCallPart("g", "{}", "c2")]),
+                     ModelResponse(parts=[TextPart("a"), TextPart("b")], finish_reason="length")):
+        attrs = attributes.response_attributes(response, "m")
+        message = attributes.response_message(response)
+        reason = attributes._finish_reason(response, message)
+        assert attrs[semconv.GEN_AI_OUTPUT_MESSAGES] == dumps([to_genai(message, reason)])
+        assert attributes._memo.entries[attributes._memo_key(response)] == attributes._message_json(response)
+
+
+def test_tool_definitions_are_encoded_once_per_schema_not_per_request() -> None:
+    """Pydantic AI builds a new ``ToolDefinition`` for every request around the tool's one schema dict: the
+    definitions' JSON is made once for it; another schema (or name, or description) is another definition."""
+    from pydantic_ai.tools import ToolDefinition
+
+    from agl_pydantic_ai import attributes
+
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+
+    def params(**kwargs: Any) -> ModelRequestParameters:
+        return ModelRequestParameters(function_tools=[ToolDefinition(**{"name": "f", "description": "F.",
+                                                                         "parameters_json_schema": schema,
+                                                                         **kwargs})])
+
+    first = attributes.tool_definitions_json(params())
+    again = attributes.tool_definitions_json(params())
+    assert again is first  # the same text object: nothing encoded again
+    assert json.loads(first) == [{"type": "function", "function": {"name": "f", "description": "F.",
+                                                                   "parameters": schema}}]
+    other = {"type": "object", "properties": {"y": {"type": "string"}}}
+    assert json.loads(attributes.tool_definitions_json(params(parameters_json_schema=other)))[0]["function"][
+        "parameters"] == other
+    assert json.loads(attributes.tool_definitions_json(params(description="G.")))[0]["function"][
+        "description"] == "G."
