@@ -11,7 +11,7 @@ tokens, so a decoded response keeps them. Its chat template is the ChatML / Herm
 OpenAI ``tool_calls``. A tool call is some twenty tokens, an answer two (the word and ``<|im_end|>``): the
 model writes every byte of them.
 
-**The model** is a randomly initialised Llama (2 layers, hidden 64, ~100k parameters): it writes noise until it
+**The model** is a randomly initialised Llama (2 layers, hidden 128, ~0.4M parameters): it writes noise until it
 is taught. Both are written with ``save_pretrained`` and read back with ``AutoTokenizer.from_pretrained`` /
 ``AutoModelForCausalLM.from_pretrained`` (:func:`save_text_policy`, :func:`load_text_policy`), the path
 ``agl train``'s ``backend.model`` and ``agl serve`` take.
