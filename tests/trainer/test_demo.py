@@ -1,4 +1,5 @@
-"""The demo end to end, short: a real LangChain agent through the gateway, trained a few steps, then resumed.
+"""The one-token demo (``agl demo --one-token``) end to end, short: a real LangChain agent through the gateway,
+trained a few steps, then resumed.
 
 What it checks: the reward went up, the weights the gateway serves changed (and later
 calls were answered by later model versions), only the ``solver`` agent was trained
@@ -31,7 +32,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DemoOptions
     folder = tmp_path_factory.mktemp("demo")
     # two lockers and groups of 16: a clear rise within a few steps whatever the seed (four lockers need ~50)
     options = DemoOptions(folder=str(folder), steps=STEPS, minutes=4, lockers=2, group_size=16, workers=16, lr=2e-3,
-                          target=2.0, progress=False, checkpoint_every=STEPS)
+                          target=2.0, progress=False, checkpoint_every=STEPS, one_token=True)
     yield options, run_demo(options)
     agl.uninstrument(["langchain"])  # the worker turned it on; the suite's other tests run without it
 

@@ -41,10 +41,15 @@ from langchain_openai import ChatOpenAI
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import END, START, MessagesState, StateGraph
 
-__all__ = ["TOOL_ERROR_REWARD", "TOOL_OK_REWARD", "Lockers", "build_agent", "solve"]
+__all__ = ["TEXT_MAX_TOKENS", "TEXT_TOOL_ERROR_REWARD", "TOOL_ERROR_REWARD", "TOOL_OK_REWARD", "Lockers", "build_agent",
+           "solve", "solve_text"]
 
 TOOL_OK_REWARD = 0.5
 TOOL_ERROR_REWARD = -0.05
+TEXT_TOOL_ERROR_REWARD = -0.5
+"""The text demo's price of a wrong code: a run that opens the locker at the second try returns 0.5, not 1."""
+TEXT_MAX_TOKENS = 32
+"""The text demo's ``max_tokens`` per call: a tool call is about twenty tokens of the BPE tokenizer."""
 
 _NAMES = ["red", "blue", "green", "gold", "white", "black", "pink", "brown"]
 _THINGS = ["coin", "key", "map", "ring", "lamp", "book", "shoe", "cup"]
@@ -99,8 +104,9 @@ class Lockers:
 _graphs: dict[str, Any] = {}
 
 
-def build_agent(max_tokens: int = 1) -> Any:
-    """The two-agent graph; its model client talks to ``OPENAI_BASE_URL`` as it was when it was built."""
+def build_agent(max_tokens: int = 1, *, reporter: bool = True) -> Any:
+    """The two-agent graph (``solver`` alone without ``reporter``); its model client talks to ``OPENAI_BASE_URL``
+    as it was when it was built."""
     # one token a call: the tiny model's vocabulary makes each one a whole tool call or a whole answer
     llm = ChatOpenAI(model="policy", temperature=1.0, max_tokens=max_tokens, max_retries=0, timeout=120)
 
@@ -116,31 +122,45 @@ def build_agent(max_tokens: int = 1) -> Any:
         return f"inside is {task['thing']}"
 
     unlock.handle_tool_error = True  # a wrong code is a tool error the model sees, not a crash
+    unlock.handle_validation_error = True  # and so are arguments without a code (a model that writes its calls)
 
     solver = create_agent(llm, [unlock], system_prompt=SYSTEM, name="solver")
 
     class State(MessagesState):
         report: str
 
-    def reporter(state: State) -> dict[str, Any]:
+    def report(state: State) -> dict[str, Any]:
         answer = str(state["messages"][-1].content or "none")
         return {"report": str(llm.invoke([HumanMessage(f"report the answer {answer}")]).content)}
 
     graph = StateGraph(State)
     graph.add_node("solver", solver)
-    graph.add_node("reporter", reporter)
     graph.add_edge(START, "solver")
-    graph.add_edge("solver", "reporter")
-    graph.add_edge("reporter", END)
+    if reporter:
+        graph.add_node("reporter", report)
+        graph.add_edge("solver", "reporter")
+        graph.add_edge("reporter", END)
+    else:
+        graph.add_edge("solver", END)
     return graph.compile(name="lockers")
 
 
 def solve(task: dict[str, Any]) -> float:
     """Run the agent on one task; return the final reward (the worker makes this a rollout)."""
+    return _solve(task, "one-token")
+
+
+def solve_text(task: dict[str, Any]) -> float:
+    """:func:`solve` for the text demo: ``solver`` alone, ``TEXT_MAX_TOKENS`` a call."""
+    return _solve(task, "text")
+
+
+def _solve(task: dict[str, Any], kind: str) -> float:
     base_url = os.environ.get("OPENAI_BASE_URL", "")
-    graph = _graphs.get(base_url)
+    graph = _graphs.get(f"{kind} {base_url}")
     if graph is None:  # once per gateway (the worker points OPENAI_BASE_URL at it)
-        graph = _graphs[base_url] = build_agent()
+        graph = _graphs[f"{kind} {base_url}"] = build_agent() if kind == "one-token" else \
+            build_agent(TEXT_MAX_TOKENS, reporter=False)
     opened: list[str] = []
     config = {"configurable": {"task": task, "opened": opened}, "recursion_limit": 8}
     try:

@@ -7,6 +7,11 @@ tiny model built in code, a worker whose threads run the unchanged LangChain age
 :mod:`agl_trainer.training` updating the model with the torch backend and swapping the
 new weights into the engine after every step.
 
+By default the model writes text (a BPE tokenizer, tool calls of some twenty tokens) and is
+warm-started by SFT on a scripted teacher's traces before RL (:mod:`agl_trainer.demo.text`);
+``--one-token`` (``DemoOptions.one_token``) is the earlier demo, whose every action is one token
+of a word-level vocabulary, trained by RL alone (below).
+
 It stops when the mean reward of the last ``--window`` steps reaches ``--target``
 (or after ``--steps`` steps or ``--minutes``), and leaves in ``--dir``: the store
 (``agl.db``: every rollout, span and transition), the checkpoint (``checkpoint/``),
@@ -41,7 +46,8 @@ class DemoOptions:
     lockers: int = 4
     group_size: int = 8
     workers: int = 16
-    lr: float = 5e-4
+    lr: float | None = None
+    """None: 1e-4 for the text demo, 5e-4 for ``one_token``."""
     minibatches: int = 4
     epochs: int = 2
     row_mode: str = "trajectory"
@@ -50,6 +56,19 @@ class DemoOptions:
     fresh: bool = False
     progress: bool = True
     checkpoint_every: int = 5
+    one_token: bool = False
+    """The earlier demo: a word-level model whose every action is one token (no teacher, no SFT)."""
+    teacher_right: float = 0.2
+    """How often the scripted teacher tries the right code first on the lockers it mixes up (half of them; it tries
+    the neighbour's code otherwise, then the right one); on the others, 90% of the time."""
+    teacher_runs: int = 32
+    """Teacher rollouts per locker, recorded for the SFT warm start."""
+    sft_epochs: int = 25
+    sft_lr: float = 2e-3
+    hidden: int = 128
+    """The text model's hidden size (2 Llama layers)."""
+    sft_min_reward: float = 0.5
+    """SFT keeps the teacher's calls whose run returned at least this (the runs that opened and answered)."""
 
 
 @dataclass
@@ -68,6 +87,10 @@ class DemoResult:
 
 def run_demo(options: DemoOptions) -> DemoResult:
     """Train until the target, the step limit or the time limit; write the store, curve and summary."""
+    if not options.one_token:
+        from agl_trainer.demo.text import run_text_demo
+
+        return run_text_demo(options)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -139,8 +162,8 @@ def _policy(options: DemoOptions, lockers: Any) -> tuple[Any, Any]:
     served = build_model(tokenizer, spec, seed=options.seed)
     engine = TorchEngine(served, tokenizer, name="tiny-locker-policy", seed=options.seed,
                          max_batch=options.workers, batch_wait_s=0.003, default_max_tokens=4)
-    backend = TorchBackend(copy.deepcopy(served), TorchConfig(lr=options.lr, minibatches=options.minibatches,
-                                                              epochs=options.epochs),
+    config = TorchConfig(lr=options.lr or 5e-4, minibatches=options.minibatches, epochs=options.epochs)
+    backend = TorchBackend(copy.deepcopy(served), config,
                            pad_id=tokenizer.pad_token_id)
     return engine, backend
 
@@ -266,8 +289,9 @@ class _Progress:
 
 def parser() -> argparse.ArgumentParser:
     d = DemoOptions()
-    p = argparse.ArgumentParser(prog="agl demo", description="Train a LangChain agent with RL on this CPU: a tiny "
-                                "model, agl's server and gateway, LightningRL with the torch backend.")
+    p = argparse.ArgumentParser(prog="agl demo", description="Train a LangChain agent on this CPU: a tiny model "
+                                "that writes its tool calls, SFT on a teacher's traces, then LightningRL with the "
+                                "torch backend, through agl's server and gateway.")
     p.add_argument("--dir", default=d.folder, help="where the store, checkpoint, curve and summary go")
     p.add_argument("--steps", type=int, default=d.steps, help="most training steps")
     p.add_argument("--minutes", type=float, default=d.minutes, help="stop after this long")
@@ -276,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lockers", type=int, default=d.lockers, help="how many lockers (tasks); harder when more")
     p.add_argument("--group-size", type=int, default=d.group_size, help="rollouts per task per step (GRPO group)")
     p.add_argument("--workers", type=int, default=d.workers, help="rollouts at a time")
-    p.add_argument("--lr", type=float, default=d.lr, help="learning rate")
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate (default: 1e-4; 5e-4 with --one-token)")
     p.add_argument("--minibatches", type=int, default=d.minibatches, help="optimizer steps per pass over a batch")
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over each batch (PPO epochs)")
     p.add_argument("--rows", choices=("trajectory", "transition"), default=d.row_mode, help="row mode")
@@ -284,6 +308,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
     p.add_argument("--fresh", action="store_true", help="delete --dir's previous run and start over")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--teacher-right", type=float, default=d.teacher_right,
+                   help="how often the scripted teacher tries the right code first on the lockers it mixes up")
+    p.add_argument("--one-token", action="store_true",
+                   help="the earlier demo: a word-level model whose every action is one token, RL alone")
     p.add_argument("--multi-policy", action="store_true",
                    help="a writer and a checker, each its own LoRA adapter, trained at once (agl_trainer.demo.roles)")
     return p
@@ -296,7 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = DemoOptions(folder=args.dir, steps=args.steps, minutes=args.minutes, target=args.target,
                           window=args.window, lockers=args.lockers, group_size=args.group_size, workers=args.workers,
                           lr=args.lr, minibatches=args.minibatches, epochs=args.epochs, row_mode=args.rows,
-                          seed=args.seed, threads=args.threads, fresh=args.fresh, progress=not args.quiet)
+                          seed=args.seed, threads=args.threads, fresh=args.fresh, progress=not args.quiet,
+                          one_token=args.one_token, teacher_right=args.teacher_right)
     try:
         result = run_demo(options)
     except KeyboardInterrupt:
