@@ -45,7 +45,10 @@ class DemoOptions:
     window: int = 3
     lockers: int = 4
     group_size: int = 8
-    workers: int = 16
+    workers: int | None = None
+    """Rollouts at a time; None: 1 for the text demo, 16 for ``one_token``. One at a time the text demo is the same
+    run every time (with several, which call reaches the engine's batch first decides what each one samples, and
+    some runs collapsed or stalled short of the target); the one-token demo reaches it either way."""
     lr: float | None = None
     """None: 1e-4 for the text demo, 5e-4 for ``one_token``."""
     minibatches: int = 4
@@ -87,6 +90,9 @@ class DemoResult:
 
 def run_demo(options: DemoOptions) -> DemoResult:
     """Train until the target, the step limit or the time limit; write the store, curve and summary."""
+    if options.workers is None:
+        options = copy.copy(options)
+        options.workers = 16 if options.one_token else 1
     if not options.one_token:
         from agl_trainer.demo.text import run_text_demo
 
@@ -299,7 +305,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=d.window, help="steps the target is averaged over")
     p.add_argument("--lockers", type=int, default=d.lockers, help="how many lockers (tasks); harder when more")
     p.add_argument("--group-size", type=int, default=d.group_size, help="rollouts per task per step (GRPO group)")
-    p.add_argument("--workers", type=int, default=d.workers, help="rollouts at a time")
+    p.add_argument("--workers", type=int, default=d.workers,
+                   help="rollouts at a time (default: 1, the same run every time; 16 with --one-token)")
     p.add_argument("--lr", type=float, default=d.lr, help="learning rate (default: 1e-4; 5e-4 with --one-token)")
     p.add_argument("--minibatches", type=int, default=d.minibatches, help="optimizer steps per pass over a batch")
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over each batch (PPO epochs)")
