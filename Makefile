@@ -1,5 +1,5 @@
 # Two user-facing targets, both from a fresh clone:
-#   make demo   set up the trainer's environment if needed, then train a LangChain agent with RL on the CPU
+#   make demo   set up the trainer's environment if needed, then train a LangChain agent on the CPU: SFT on a teacher's traces, then RL
 #   make test   set up or update the environments, then ruff, mypy --strict on agl_core, and every test suite
 #
 # Environments: .venv holds the whole repository editable with the core's test tools; each framework plugin
@@ -27,7 +27,7 @@ unexport PYTHONHASHSEED
 .SECONDARY:
 
 help:
-	@echo "make demo         set up .venvs/trainer and train a LangChain agent with RL on the CPU (agl demo)"
+	@echo "make demo         set up .venvs/trainer and train a LangChain agent on the CPU: SFT, then RL (agl demo)"
 	@echo "make trace-demo   set up .venv and trace an openai-client agent, printing its transitions"
 	@echo "make test   set up .venv, then ruff check, mypy --strict src/agl_core, pytest"
 
@@ -41,7 +41,8 @@ $(STAMP): pyproject.toml | $(VPY)
 
 install: $(STAMP)
 
-# The main job: train a LangChain agent with RL on this CPU (agl_trainer.demo); its environment is the trainer's.
+# The main job: a tiny text model behind a LangChain agent, SFT on a teacher's traces then RL on this CPU
+# (agl_trainer.demo); its environment is the trainer's.
 demo: .venvs/trainer/.agl-installed
 	.venvs/trainer/bin/agl demo
 
