@@ -224,6 +224,21 @@ def _reached(history: Sequence[Any], options: DemoOptions) -> bool:
     return bool(sum(r.reward for r in window) / len(window) >= options.target)
 
 
+def _warned(steps: list[dict[str, Any]]) -> list[str]:
+    """The summary's lines for the steps' training-signal warnings (none when there were none)."""
+    warned = [f"  - step {s['step']}: {w}" for s in steps for w in s.get("warnings", [])]
+    return ["- training-signal warnings:", *warned] if warned else []
+
+
+def _step_table(steps: list[dict[str, Any]]) -> list[str]:
+    """The summary's table of the steps: reward, final reward, rollouts and their rate."""
+    lines = ["", "| step | reward | final reward | rollouts | rollouts/s |", "|---:|---:|---:|---:|---:|"]
+    for s in steps:
+        lines.append(f"| {s['step']} | {s['reward']:.2f} | {s['final_reward']:.2f} | {s['rollouts']} | "
+                     f"{s['rollouts_per_s']:.1f} |")
+    return lines
+
+
 def _summary(options: DemoOptions, steps: list[dict[str, Any]], reached: bool, wall: float, resumed: bool,
              rollouts: int, lockers: Any) -> str:
     first = steps[0] if steps else None
@@ -246,13 +261,8 @@ def _summary(options: DemoOptions, steps: list[dict[str, Any]], reached: bool, w
             f"prefix mismatches {last['prefix_mismatches']}",
             _signal_line(last),
         ]
-        warned = [f"  - step {s['step']}: {w}" for s in steps for w in s.get("warnings", [])]
-        if warned:
-            lines += ["- training-signal warnings:", *warned]
-    lines += ["", "| step | reward | final reward | rollouts | rollouts/s |", "|---:|---:|---:|---:|---:|"]
-    for s in steps:
-        lines.append(f"| {s['step']} | {s['reward']:.2f} | {s['final_reward']:.2f} | {s['rollouts']} | "
-                     f"{s['rollouts_per_s']:.1f} |")
+        lines += _warned(steps)
+    lines += _step_table(steps)
     lines += ["", f"Task: {lockers.n} lockers, one code and one thing each; the model picks a code (one tool-call "
               "token) and then an answer (one word). Chance is about 0.1."]
     return "\n".join(lines) + "\n"

@@ -260,7 +260,7 @@ def _warm_start(options: Any, lockers: Any, folder: str) -> dict[str, Any]:
 
 def _report(options: Any, folder: str, steps: list[dict[str, Any]], reached: bool, wall: float, resumed: bool,
             rollouts: int, warm: dict[str, Any]) -> tuple[str, str]:
-    from agl_trainer.demo.run import _signal_line
+    from agl_trainer.demo.run import _signal_line, _step_table, _warned
     from agl_trainer.training import StepResult, write_curves
 
     curve, _ = write_curves(folder, [StepResult.from_dict(s) for s in steps],
@@ -298,13 +298,8 @@ def _report(options: Any, folder: str, steps: list[dict[str, Any]], reached: boo
             f"prefix mismatches {last['prefix_mismatches']}",
             _signal_line(last),
         ]
-        warned = [f"  - step {x['step']}: {w}" for x in steps for w in x.get("warnings", [])]
-        if warned:
-            lines += ["- training-signal warnings:", *warned]
-    lines += ["", "| step | reward | final reward | rollouts | rollouts/s |", "|---:|---:|---:|---:|---:|"]
-    for x in steps:
-        lines.append(f"| {x['step']} | {x['reward']:.2f} | {x['final_reward']:.2f} | {x['rollouts']} | "
-                     f"{x['rollouts_per_s']:.1f} |")
+        lines += _warned(steps)
+    lines += _step_table(steps)
     lines += ["", f"Task: {options.lockers} lockers, one code and one thing each. The model writes a tool call "
               "(`<tool_call>{\"name\": \"unlock\", \"arguments\": {\"code\": \"3\"}}</tool_call><|im_end|>`, about "
               "eighteen tokens) and then the answer (a word and `<|im_end|>`). Return: 0.5 for opening the locker, "
