@@ -76,7 +76,19 @@ test-core: $(STAMP)
 test-%: .venvs/%/.agl-installed
 	$(call run_pytest,.venvs/$*/bin/python,$(shell cat tests/$*/testdir 2>/dev/null || echo tests/$*))
 
-test: test-core $(addprefix test-,$(PLUGIN_SUITES))
+# Every environment is set up first, several at once (pip waits on downloads and unpacking far more than on
+# the CPU: one at a time, the fourteen took most of CI's time), each one's output kept together (-O); the
+# suites then run one after another, so their timing-sensitive tests do not share the CPU.
+ENV_JOBS ?= 4
+# the two with torch take longest: they start first
+HEAVY_ENVS := $(filter trainer verl,$(PLUGIN_SUITES))
+ENV_STAMPS := $(addsuffix /.agl-installed,$(addprefix .venvs/,$(HEAVY_ENVS) $(filter-out $(HEAVY_ENVS),$(PLUGIN_SUITES)))) $(STAMP)
+.PHONY: envs
+envs:
+	$(MAKE) --no-print-directory -j$(ENV_JOBS) -O $(ENV_STAMPS) chromium
+
+test: envs
+	$(MAKE) --no-print-directory test-core $(addprefix test-,$(PLUGIN_SUITES))
 
 # The dashboard's browser tests drive Debian's chromium (offline, headless): installed here when missing,
 # as root (CI runs as root on a fresh Debian machine); otherwise the tests fail naming what to install.

@@ -66,6 +66,10 @@ class AirRules:
     tool_error: float | None = None
     tool_timeout: float | None = None
     malformed_tool_call: float | None = None
+    truncated: float | None = None
+    """A reply ``max_tokens`` cut off (finish reason ``length``, or ``max_tokens`` as Anthropic says): without it a
+    reply that runs on and ends the run can cost less than a wrong try, and RL learns to ramble. A cut reply whose
+    tool call is broken because it was cut earns this alone, never this and ``malformed_tool_call`` both."""
     tool_ok: float | None = None
     tool_rejected: float | None = None
     custom: Callable[[Span], float | None] | None = None
@@ -383,7 +387,9 @@ class TransitionBuilder:
         response = from_genai(raw_out[0]) if raw_out else {"role": "assistant", "content": None}
         response["role"] = "assistant"
         finish = (raw_out[0].get("finish_reason") if raw_out else None) or _first_finish(call)
-        if self.air.malformed_tool_call is not None and _malformed(response, tools):
+        if self.air.truncated is not None and str(finish) in _CUT_OFF:
+            call.rewards.append(self.air.truncated)
+        elif self.air.malformed_tool_call is not None and _malformed(response, tools):
             call.rewards.append(self.air.malformed_tool_call)
         if self.agent_match is not None and (agent is None or not self.agent_match.search(agent)):
             skipped.append(Skipped(span_id=outer.span_id, agent_name=agent,
@@ -675,6 +681,10 @@ def _agent_name(call: _Call, by_id: dict[str, Span]) -> str | None:
         hops += 1
     inner = call.first(semconv.GEN_AI_AGENT_NAME)
     return inner if isinstance(inner, str) else None
+
+
+_CUT_OFF = frozenset({"length", "max_tokens"})
+"""Finish reasons of a reply cut off by its token limit (OpenAI, vLLM and the torch engine; Anthropic)."""
 
 
 def _malformed(response: dict[str, Any], tools: Any) -> bool:

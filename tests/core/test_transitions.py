@@ -31,12 +31,12 @@ def agent(name: str, parent: Span | None = None) -> Span:
 
 
 def llm(parent: Span | None, prompt: str, answer: Any, *, ids: bool = False, source: str = "response",
-        plugin: str = "openai", tools: list[dict[str, Any]] | None = None) -> Span:
+        plugin: str = "openai", tools: list[dict[str, Any]] | None = None, finish: str = "stop") -> Span:
     out = answer if isinstance(answer, dict) else {"role": "assistant", "content": answer}
     attrs: dict[str, Any] = {
         semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT, semconv.GEN_AI_REQUEST_MODEL: "m",
         semconv.GEN_AI_INPUT_MESSAGES: json.dumps(many_to_genai([{"role": "user", "content": prompt}])),
-        semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps([to_genai(out, finish_reason="stop")]),
+        semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps([to_genai(out, finish_reason=finish)]),
         semconv.AGL_PLUGIN: plugin,
     }
     if tools is not None:
@@ -275,6 +275,24 @@ def test_a_tool_call_block_left_in_the_text_is_a_malformed_call(text: str) -> No
     spans = [llm(None, "q", text, tools=tools), llm(None, "q2", [{"type": "text", "text": text}], tools=tools)]
     traj = TransitionBuilder(air=AirRules(malformed_tool_call=-0.5)).build(rollout(*spans))
     assert [t.reward for t in traj.transitions] == [-0.5, -0.5]
+
+
+def test_a_reply_cut_off_by_max_tokens_earns_the_truncated_reward_once() -> None:
+    # a plain reply that ran on until max_tokens cut it ended its run with no answer: without a rule of its own it
+    # cost nothing (where a wrong tool call costs malformed_tool_call), so RL learned to ramble
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {}}}]
+    spans = [llm(None, "q1", "the answer is the answer is the", tools=tools, finish="length"),
+             llm(None, "q2", 'Sure. <tool_call>{"name": "calc", "argu', tools=tools, finish="length"),  # cut call
+             llm(None, "q3", "the answer is", tools=tools, finish="max_tokens"),  # Anthropic's word for it
+             llm(None, "q4", "the answer is 4", tools=tools),
+             llm(None, "q5", '<tool_call>{"name": "calc", "arguments": {"x": 1</tool_call>', tools=tools)]
+    traj = TransitionBuilder(air=AirRules(malformed_tool_call=-0.5, truncated=-0.4)).build(rollout(*spans))
+    assert [t.reward for t in traj.transitions] == [-0.4, -0.4, -0.4, None, -0.5]  # once: never -0.9
+    assert [t.finish_reason for t in traj.transitions] == ["length", "length", "max_tokens", "stop", "stop"]
+    off = TransitionBuilder(air=AirRules(malformed_tool_call=-0.5)).build(rollout(*spans))
+    assert [t.reward for t in off.transitions] == [None, -0.5, None, None, -0.5]  # the rule is opt-in
+    settings = TransitionBuilder(air=AirRules(truncated=-0.4)).settings()
+    assert TransitionBuilder.from_settings(settings).air.truncated == -0.4
 
 
 def test_valid_or_absent_tool_call_blocks_in_the_text_are_not_penalised() -> None:

@@ -16,6 +16,7 @@ from agl_trainer.config import (
     apply_overrides,
     load_config,
     load_tasks,
+    transition_builder,
     validate,
 )
 
@@ -81,12 +82,14 @@ def test_several_mistakes_are_all_reported_one_line_each() -> None:
 
 def test_overrides_are_yaml_scalars_and_build_missing_sections() -> None:
     raw = apply_overrides(MINIMAL, ["algorithm.lr=3e-4", "backend.lora=null", "workers.ray=auto", "run.resume=false",
-                                    "air.tool_error=-0.5", "backend.lora.target_modules=[q_proj, v_proj]"])
+                                    "air.tool_error=-0.5", "backend.lora.target_modules=[q_proj, v_proj]",
+                                    "air.truncated=-0.25"])
     assert MINIMAL.get("algorithm") is None  # the caller's dict is left alone
     config = validate(raw)
     assert config.algorithm.lr == pytest.approx(3e-4)  # YAML reads 3e-4 as a string: the float field parses it
     assert config.backend.lora is not None and config.backend.lora.target_modules == ["q_proj", "v_proj"]
     assert config.workers.ray == "auto" and config.run.resume is False and config.air.tool_error == -0.5
+    assert transition_builder(config).air.truncated == -0.25
 
 
 def test_relative_paths_are_taken_from_the_config_files_folder(tmp_path: Path) -> None:

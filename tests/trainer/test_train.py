@@ -105,7 +105,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["--set", "backend.device=gpu"], "config error: backend.device: 'gpu' is not one of: cpu, cuda, cuda:N, mps"),
     (["--set", "air.tool_eror=-1"],
      "config error: air.tool_eror: unknown key (did you mean tool_error?); allowed: tool_ok, tool_error, "
-     "tool_exception, tool_timeout, tool_rejected, malformed_tool_call, custom"),
+     "tool_exception, tool_timeout, tool_rejected, malformed_tool_call, truncated, custom"),
     (["--set", "algorithm.row_mode"], "config error: --set algorithm.row_mode: expected KEY=VALUE with a dotted KEY, "
                                       "e.g. algorithm.lr=1e-5"),
     (["--set", "agent.name=x"], "config error: agent: is 'agl_trainer.demo.lockers:solve', not a section: "

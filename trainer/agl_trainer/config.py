@@ -258,6 +258,9 @@ class AirConfig(_Section):
     tool_timeout: Float | None = None
     tool_rejected: Float | None = None
     malformed_tool_call: Float | None = None
+    truncated: Float | None = None
+    """A reply ``max_tokens`` cut off (finish reason ``length``); in place of ``malformed_tool_call`` for a call it
+    broke."""
     custom: Annotated[str, Field(pattern=_AGENT)] | None = None
     """``pkg.module:function``, ``function(span) -> reward | None``, called with every tool span (a tool that
     reports failure as an ``"Error: ..."`` string with an ok status is the usual case)."""

@@ -136,10 +136,12 @@ class _Serving:
 
         self.options = options
         self.engine = engine
-        # every failed call costs the same: a call the tool refuses (no code) or one whose JSON does not parse must
-        # not be a cheaper miss than a wrong code, or RL learns to write broken calls
+        # every failed call costs the same: a call the tool refuses (no code), one whose JSON does not parse or a
+        # reply that runs on until max_tokens cuts it (it ends the run with no answer, 0, where a wrong code costs
+        # -0.5) must not be a cheaper miss than a wrong code, or RL learns to write broken calls or to ramble
         air = AirRules(tool_ok=TOOL_OK_REWARD, tool_error=TEXT_TOOL_ERROR_REWARD,
-                       tool_exception=TEXT_TOOL_ERROR_REWARD, malformed_tool_call=TEXT_TOOL_ERROR_REWARD)
+                       tool_exception=TEXT_TOOL_ERROR_REWARD, malformed_tool_call=TEXT_TOOL_ERROR_REWARD,
+                       truncated=TEXT_TOOL_ERROR_REWARD)
         self.server = TrainerServer(ServerConfig(
             db_path=db, port=0, max_attempts=2, lease_timeout_s=120.0,
             builder=TransitionBuilder(agent_match="solver", air=air),
