@@ -77,8 +77,10 @@ test-%: .venvs/%/.agl-installed
 	$(call run_pytest,.venvs/$*/bin/python,$(shell cat tests/$*/testdir 2>/dev/null || echo tests/$*))
 
 # Every environment is set up first, several at once (pip waits on downloads and unpacking far more than on
-# the CPU: one at a time, the fourteen took most of CI's time), each one's output kept together (-O); the
-# suites then run one after another, so their timing-sensitive tests do not share the CPU.
+# the CPU: one at a time, the fourteen took twenty minutes of CI's time), each one's output kept together (-O).
+# The suites then run in two streams, one per core: the trainer's (twelve minutes) beside all the others one
+# after another (as long again); each suite's output is printed whole when it ends, and -k runs every suite
+# even after one fails, so one CI run names every failure.
 ENV_JOBS ?= 4
 # the two with torch take longest: they start first
 HEAVY_ENVS := $(filter trainer verl,$(PLUGIN_SUITES))
@@ -88,7 +90,11 @@ envs:
 	$(MAKE) --no-print-directory -j$(ENV_JOBS) -O $(ENV_STAMPS) chromium
 
 test: envs
-	$(MAKE) --no-print-directory test-core $(addprefix test-,$(PLUGIN_SUITES))
+	$(MAKE) --no-print-directory -j2 -O -k test-trainer test-others
+
+# every suite but the trainer's, one after another
+.PHONY: test-others
+test-others: test-core $(addprefix test-,$(filter-out trainer,$(PLUGIN_SUITES)))
 
 # The dashboard's browser tests drive Debian's chromium (offline, headless): installed here when missing,
 # as root (CI runs as root on a fresh Debian machine); otherwise the tests fail naming what to install.

@@ -21,7 +21,7 @@ pytest.importorskip("langchain_openai")
 pytest.importorskip("langgraph")
 
 import agl_core as agl  # noqa: E402
-from agl_trainer.demo.lockers import SYSTEM, TEXT_MAX_TOKENS, Lockers  # noqa: E402
+from agl_trainer.demo.lockers import SYSTEM, TEXT_MAX_TOKENS, TEXT_TOOL_ERROR_REWARD, Lockers  # noqa: E402
 from agl_trainer.demo.run import DemoOptions, run_demo  # noqa: E402
 from agl_trainer.demo.textpolicy import (  # noqa: E402
     END,
@@ -92,16 +92,21 @@ def test_every_response_is_several_tokens_ending_with_the_end_token(demo: tuple[
     for t in taught:
         ids = list(t.response_token_ids or [])
         assert len(ids) >= 2 and ids[-1] == end, (t.rollout_id, ids, t.response)
-    # the model's own replies: several tokens each, ending with the end token unless max_tokens cut them (a
-    # sampled reply can run on; a cut tool call is a broken one, -0.5, so RL weeds them out): rare
+    # the model's own replies: several tokens each, ending with the end token unless max_tokens cut them (a reply
+    # sampled at temperature 1 can run on): rare, and each one priced as a wrong code (air.truncated), never free
     cut = 0
     for t in tuned:
         ids = list(t.response_token_ids or [])
         assert len(ids) >= 2, (t.rollout_id, ids, t.response)
         if ids[-1] != end:
-            assert len(ids) == TEXT_MAX_TOKENS, (t.rollout_id, ids, t.response)
+            assert len(ids) == TEXT_MAX_TOKENS and t.finish_reason == "length", (t.rollout_id, ids, t.response)
+            # the price alone, or with its call's outcome (a cut reply can still hold a whole call), at most 0
+            priced = t.reward == TEXT_TOOL_ERROR_REWARD if not parsed(t) else t.reward is not None and t.reward <= 0
+            assert priced, (t.rollout_id, t.reward, t.response)
             cut += 1
-    assert cut <= 0.01 * len(tuned), (cut, len(tuned))
+        else:
+            assert t.finish_reason in ("stop", "tool_calls"), (t.rollout_id, t.finish_reason)
+    assert cut <= 0.02 * len(tuned), (cut, len(tuned))
     for t in [*taught, *tuned]:
         calls = t.response.get("tool_calls") or []
         if calls:  # the JSON the model wrote, parsed into an OpenAI tool call before the agent saw it
