@@ -109,8 +109,10 @@ def _rl_config(options: Any) -> Any:
 
     # 1e-4: Adam moves every weight by about lr a step, and this Llama's weights start at std 0.02; at 5e-4 a
     # couple of steps wrecked the SFT model's format (it wrote "3333...")
-    return TorchConfig(lr=options.lr or 1e-4, minibatches=options.minibatches, epochs=options.epochs,
-                       gradient_checkpointing=False)
+    # kl_coef: the SFT model is the reference (a frozen copy), so a locker whose samples have all gone wrong is
+    # pulled back towards well-formed calls instead of staying where GRPO sees no spread to learn from
+    return TorchConfig(lr=options.lr or 1e-4, kl_coef=options.kl_coef, minibatches=options.minibatches,
+                       epochs=options.epochs, gradient_checkpointing=False)
 
 
 def _say(options: Any, line: str) -> None:
