@@ -16,8 +16,9 @@ The stages, all in one process on this CPU, through agl's real server, gateway a
    its reward measured (``sft``): it writes the tool call and the answer, but picks the codes as the teacher
    did, mixing up half of the lockers, and stays below the target.
 4. **RL.** GRPO (:class:`agl_trainer.training.Trainer`, the torch backend) starts from ``sft-model/`` (read
-   back with ``from_pretrained``, as ``agl train`` reads an SFT run's ``model/``) and trains until the mean
-   reward of the last ``window`` steps reaches ``target``.
+   back with ``from_pretrained``, as ``agl train`` reads an SFT run's ``model/``), with a KL penalty to it
+   (``kl_coef``), and trains until the mean reward of the last ``window`` steps reaches ``target``. A reply that
+   ``max_tokens`` cuts off costs as much as a wrong code (``AirRules.truncated``).
 
 A second run in the same ``--dir`` resumes the RL stage from ``checkpoint/`` and keeps the warm start's figures
 (``warmstart.json``).
