@@ -51,11 +51,12 @@ class DemoOptions:
     some runs collapsed or stalled short of the target); the one-token demo reaches it either way."""
     lr: float | None = None
     """None: 1e-4 for the text demo, 5e-4 for ``one_token``."""
-    kl_coef: float = 0.1
-    """The text demo's KL penalty to the SFT model. Without it, seed 2's policy collapsed: a wrong code's negative
+    kl_coef: float | None = None
+    """The KL penalty to the model RL starts from; None: 0.1 for the text demo (to the SFT model), 0 for
+    ``one_token``. Without it the text demo's seed 2 seed 2's policy collapsed: a wrong code's negative
     advantage on one locker pushed down the right code's token on another, whose samples turned into broken calls,
     every one -0.5, so that group's advantages were all 0 and nothing pulled it back (reward 0.6 -> 0.25, 8% of
-    replies cut at max_tokens). The one-token demo has none."""
+    replies cut at max_tokens)."""
     minibatches: int = 4
     epochs: int = 2
     row_mode: str = "trajectory"
@@ -173,7 +174,8 @@ def _policy(options: DemoOptions, lockers: Any) -> tuple[Any, Any]:
     served = build_model(tokenizer, spec, seed=options.seed)
     engine = TorchEngine(served, tokenizer, name="tiny-locker-policy", seed=options.seed,
                          max_batch=options.workers, batch_wait_s=0.003, default_max_tokens=4)
-    config = TorchConfig(lr=options.lr or 5e-4, minibatches=options.minibatches, epochs=options.epochs)
+    config = TorchConfig(lr=options.lr or 5e-4, kl_coef=options.kl_coef or 0.0, minibatches=options.minibatches,
+                         epochs=options.epochs)
     backend = TorchBackend(copy.deepcopy(served), config,
                            pad_id=tokenizer.pad_token_id)
     return engine, backend
@@ -324,7 +326,7 @@ def parser() -> argparse.ArgumentParser:
                    help="rollouts at a time (default: 1, the same run every time; 16 with --one-token)")
     p.add_argument("--lr", type=float, default=d.lr, help="learning rate (default: 1e-4; 5e-4 with --one-token)")
     p.add_argument("--kl-coef", type=float, default=d.kl_coef,
-                   help="KL penalty to the SFT model (text demo; default: 0.1)")
+                   help="KL penalty to the model RL starts from (default: 0.1, to the SFT model; 0 with --one-token)")
     p.add_argument("--minibatches", type=int, default=d.minibatches, help="optimizer steps per pass over a batch")
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over each batch (PPO epochs)")
     p.add_argument("--rows", choices=("trajectory", "transition"), default=d.row_mode, help="row mode")
@@ -348,8 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = DemoOptions(folder=args.dir, steps=args.steps, minutes=args.minutes, target=args.target,
                           window=args.window, lockers=args.lockers, group_size=args.group_size, workers=args.workers,
                           lr=args.lr, kl_coef=args.kl_coef, minibatches=args.minibatches, epochs=args.epochs,
-                          row_mode=args.rows,
-                          seed=args.seed, threads=args.threads, fresh=args.fresh, progress=not args.quiet,
+                          row_mode=args.rows, seed=args.seed, threads=args.threads, fresh=args.fresh,
+                          progress=not args.quiet,
                           one_token=args.one_token, teacher_right=args.teacher_right)
     try:
         result = run_demo(options)

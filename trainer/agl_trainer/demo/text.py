@@ -112,8 +112,9 @@ def _rl_config(options: Any) -> Any:
     # couple of steps wrecked the SFT model's format (it wrote "3333...")
     # kl_coef: the SFT model is the reference (a frozen copy), so a locker whose samples have all gone wrong is
     # pulled back towards well-formed calls instead of staying where GRPO sees no spread to learn from
-    return TorchConfig(lr=options.lr or 1e-4, kl_coef=options.kl_coef, minibatches=options.minibatches,
-                       epochs=options.epochs, gradient_checkpointing=False)
+    kl_coef = 0.1 if options.kl_coef is None else options.kl_coef
+    return TorchConfig(lr=options.lr or 1e-4, kl_coef=kl_coef, minibatches=options.minibatches, epochs=options.epochs,
+                       gradient_checkpointing=False)
 
 
 def _say(options: Any, line: str) -> None:
