@@ -118,6 +118,25 @@ def test_lora_trains_only_the_adapters_and_serves_merged_weights(tokenizer: Any)
     assert _logprob(served, GOOD) != pytest.approx(_logprob(tiny_model(len(tokenizer)), GOOD), abs=1e-4)
 
 
+@pytest.mark.parametrize("max_grad_norm", [1.0, None])
+def test_a_batch_without_signal_leaves_the_weights_where_they_are(tokenizer: Any, max_grad_norm: float | None) -> None:
+    # A group whose rollouts all scored alike has every advantage 0: it trains on nothing, and the loop says so.
+    # AdamW stepped on it anyway would still move every weight on the momentum of the steps before and on its
+    # weight decay: the policy drifted on no signal (the multi-policy demo's writer, all 'B' and no spread, went
+    # on to answer tokens nobody rewarded).
+    backend = TorchBackend(tiny_model(len(tokenizer)), TorchConfig(lr=5e-2, weight_decay=0.01,
+                                                                    max_grad_norm=max_grad_norm))
+    backend.update([_row("a", GOOD, 1.0), _row("b", BAD, -1.0)])  # Adam has momentum now
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    metrics = backend.update([_row("a", GOOD, 0.0), _row("b", BAD, 0.0)])
+    for name, value in backend.model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert metrics["flat_steps"] == 1.0 and metrics["rows"] == 2.0 and metrics["grad_norm"] == 0.0 and backend.step == 2
+    again = backend.update([_row("a", GOOD, 1.0), _row("b", BAD, -1.0)])  # a batch with signal still steps
+    assert "flat_steps" not in again and any(not torch.equal(v, before[k])
+                                             for k, v in backend.model.state_dict().items())
+
+
 def test_a_checkpoint_resumes_weights_optimizer_and_step(tokenizer: Any, tmp_path: Path) -> None:
     rows = [_row("a", GOOD, 1.0), _row("b", BAD, -1.0)]
     first = TorchBackend(tiny_model(len(tokenizer)), TorchConfig(lr=1e-2))

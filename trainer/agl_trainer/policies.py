@@ -196,13 +196,13 @@ def split_by_policy(trajectories: Sequence[Trajectory], router: PolicyRouter,
 
 
 _REPORTED = ("loss", "pg", "kl", "approx_kl", "clip_fraction", "ratio_mean", "ratio_first_mean", "ratio_first_min",
-             "ratio_first_max", "sampler_kl", "skipped_steps", "entropy", "grad_norm", "rows", "update_s")
+             "ratio_first_max", "sampler_kl", "skipped_steps", "flat_steps", "entropy", "grad_norm", "rows", "update_s")
 
 
 def _joined(key: str, values: list[float]) -> float:
     """The step's figure for ``key`` from its policies' figures: the signal checks read the step's, so a drift or
     a skipped step of one policy must not be averaged away by another's (1.3 and 0.7 are no 1.0)."""
-    if key in ("rows", "update_s", "skipped_steps"):
+    if key in ("rows", "update_s", "skipped_steps", "flat_steps"):
         return sum(values)
     if key == "ratio_first_mean":
         return max(values, key=lambda v: abs(v - 1.0))

@@ -242,14 +242,14 @@ class SftTrainer:
                 nll, _ = sft_loss(logp, mask)
                 b.master.backward(nll / total_tokens)
                 loss_sum += float(nll.detach())
-            norm, stepped = b.master.step(b.optimizer, b.config.max_grad_norm)
+            norm, outcome = b.master.step(b.optimizer, b.config.max_grad_norm)
         b.step += 1
         metrics = {"loss": loss_sum / total_tokens, "grad_norm": norm, "rows": float(len(batch)),
                    "loss_tokens": float(total_tokens), "tokens": float(sum(len(e.input_ids) for e in batch)),
                    "chat_template": float(sum(e.source == "chat_template" for e in batch)),
                    "update_s": time.perf_counter() - started}
-        if not stepped:
-            metrics["skipped_steps"] = 1.0
+        if outcome != "stepped":
+            metrics["skipped_steps" if outcome == "overflow" else "flat_steps"] = 1.0
         return metrics
 
     def tensors(self, batch: Sequence[SftExample]) -> tuple[Any, Any, Any]:

@@ -213,6 +213,7 @@ class TorchBackend:
         first = _FirstPass()
         passes = 0
         skipped = 0
+        flat = 0
         self.model.train()
         for _ in range(self.config.epochs):
             for k in range(parts):
@@ -242,15 +243,18 @@ class TorchBackend:
                     totals["entropy"] += float((entropy.detach() * mask).sum()) / part_tokens
                     if passes == 0:  # no optimizer step yet: the policy is still the one that sampled
                         first.add(parts_)
-                norm, stepped = self.master.step(self.optimizer, self.config.max_grad_norm)
+                norm, outcome = self.master.step(self.optimizer, self.config.max_grad_norm)
                 totals["grad_norm"] += norm
-                skipped += not stepped
+                skipped += outcome == "overflow"
+                flat += outcome == "flat"
                 passes += 1
         self.step += 1
         metrics = {k: v / passes for k, v in totals.items()}
         metrics.update(first.metrics())
         if skipped:
             metrics["skipped_steps"] = float(skipped)  # float16: the loss scale overflowed, that step was not taken
+        if flat:
+            metrics["flat_steps"] = float(flat)  # no gradient (every advantage 0, no KL): the weights stayed put
         tokens = sum(len(r.input_ids) for r in rows)
         elapsed = time.perf_counter() - started
         metrics.update({"rows": float(len(rows)), "rollouts": float(len(rollout_ids)), "tokens": float(tokens),
@@ -528,8 +532,14 @@ class MasterWeights:
             master.grad = grad if master.grad is None else master.grad.add_(grad)
             param.grad = None
 
-    def step(self, optimizer: Any, max_grad_norm: float | None) -> tuple[float, bool]:
-        """Unscale, clip and step the masters, then round them into the model; ``(grad_norm, stepped)``."""
+    def step(self, optimizer: Any, max_grad_norm: float | None) -> tuple[float, str]:
+        """Unscale, clip and step the masters, then round them into the model; ``(grad_norm, outcome)``.
+
+        ``outcome``: ``"stepped"``; ``"overflow"`` (float16: the loss scale overflowed, the gradient is
+        dropped); ``"flat"`` (the gradient is zero everywhere: no advantage and no KL pull reached the
+        loss). A flat step is not taken: AdamW would still move every weight on its momentum and its
+        weight decay, so a batch that carries no signal would change the policy.
+        """
         torch = self.torch
         grads = [m.grad for m in self.parameters if m.grad is not None]
         if self.loss_scale != 1.0:
@@ -539,21 +549,26 @@ class MasterWeights:
                 self.loss_scale /= 2.0  # an overflow: this step's gradient is lost, not applied
                 self._clean_steps = 0
                 optimizer.zero_grad(set_to_none=True)
-                return 0.0, False
+                return 0.0, "overflow"
             self._clean_steps += 1
             if self._clean_steps >= 200:
                 self.loss_scale *= 2.0
                 self._clean_steps = 0
-        norm = 0.0
         if max_grad_norm is not None:
             norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm))
+        else:
+            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) \
+                if grads else 0.0
+        if norm == 0.0:
+            optimizer.zero_grad(set_to_none=True)
+            return 0.0, "flat"
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
             for param, master, copied in zip(self.model_params, self.parameters, self.copied, strict=True):
                 if copied:
                     param.copy_(master)
-        return norm, True
+        return norm, "stepped"
 
     def state_dict(self) -> dict[str, Any]:
         return {"masters": [m.detach().cpu() for m, c in zip(self.parameters, self.copied, strict=True) if c],

@@ -72,7 +72,7 @@ class RolesOptions:
     target: float = 0.9
     window: int = 2
     group_size: int = 16
-    lr: float = 5e-2
+    lr: float = 2e-2
     seed: int = 0
     threads: int = 1
     fresh: bool = False

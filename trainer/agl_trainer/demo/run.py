@@ -53,7 +53,7 @@ class DemoOptions:
     """None: 1e-4 for the text demo, 5e-4 for ``one_token``."""
     kl_coef: float | None = None
     """The KL penalty to the model RL starts from; None: 0.1 for the text demo (to the SFT model), 0 for
-    ``one_token``. Without it the text demo's seed 2 seed 2's policy collapsed: a wrong code's negative
+    ``one_token``. Without it the text demo's seed 2 collapsed: a wrong code's negative
     advantage on one locker pushed down the right code's token on another, whose samples turned into broken calls,
     every one -0.5, so that group's advantages were all 0 and nothing pulled it back (reward 0.6 -> 0.25, 8% of
     replies cut at max_tokens)."""
