@@ -26,6 +26,7 @@ from agl_trainer.demo.run import DemoOptions, run_demo  # noqa: E402
 from agl_trainer.demo.textpolicy import (  # noqa: E402
     END,
     TEMPLATE,
+    Teacher,
     build_text_model,
     build_text_tokenizer,
     tool_call_text,
@@ -165,3 +166,26 @@ def test_a_written_tool_call_parses_and_renders_back_to_the_same_tokens() -> Non
     after = render([*messages, {"role": "assistant", "content": None, "tool_calls": calls},
                     {"role": "tool", "content": "inside is coin", "tool_call_id": calls[0]["id"]}])
     assert after[:len(prompt) + len(wrote)] == prompt + wrote
+
+
+@pytest.mark.parametrize("order", ["locker by locker", "in turn"])
+def test_the_teachers_right_first_share_holds_on_every_locker_for_every_seed(order: str) -> None:
+    """SFT learns a locker's codes from the teacher's runs on it, and RL can only build on a right first try the
+    SFT model ever samples: a locker whose teacher runs never tried the right code first gives RL nothing. A
+    coin per try left that to chance (seed 2, its tasks queued locker by locker as the demo queues them: 0 of
+    32 right first tries on blue); the teacher's shares now hold on each locker, whatever the seed or order."""
+    runs = DemoOptions().teacher_runs
+    for seed in range(12):
+        lockers = Lockers(4, seed)
+        teacher = Teacher(lockers.secret(), lockers.codes, right=0.2, known=0.9, seed=seed)
+        asked = ([name for name in lockers.names for _ in range(runs)] if order == "locker by locker"
+                 else [name for _ in range(runs) for name in lockers.names])
+        right = dict.fromkeys(lockers.names, 0)
+        for name in asked:
+            call = teacher.reply([{"role": "system", "content": SYSTEM},
+                                  {"role": "user", "content": f"what is inside locker {name}"}])
+            right[name] += f'"code": "{lockers.secret()[name][0]}"' in call
+        for name, n in right.items():
+            share = 0.2 if name in teacher.mixed else 0.9
+            assert abs(n - share * runs) <= 1, (seed, order, right)
+        assert teacher.first_right == sum(right.values()) and teacher.first_tries == len(asked)

@@ -8,8 +8,8 @@ The stages, all in one process on this CPU, through agl's real server, gateway a
    (``chance``).
 2. **The teacher.** The same LangChain agent (:func:`agl_trainer.demo.lockers.solve_text`) runs against a
    scripted teacher model served by the torch engine (:class:`~agl_trainer.demo.textpolicy.TeacherEngine`):
-   it knows half of the lockers and mixes up the others (their right code first 20% of the time). Its runs
-   are captured like any agent's, into ``teacher.db``, with their exact token ids.
+   it knows half of the lockers and mixes up the others (their right code first in 20% of its runs on each).
+   Its runs are captured like any agent's, into ``teacher.db``, with their exact token ids.
 3. **SFT.** ``algorithm: sft``'s code (:class:`agl_core.store.selection.Selection` with ``min_reward``,
    :func:`agl_trainer.sft.sft_examples`, :class:`agl_trainer.sft.SftTrainer`) fine-tunes the model on the
    teacher's calls of the runs that opened the locker and answered; the result is saved to ``sft-model/`` and

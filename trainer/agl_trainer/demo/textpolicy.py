@@ -19,14 +19,15 @@ is taught. Both are written with ``save_pretrained`` and read back with ``AutoTo
 **The teacher** (:class:`TeacherEngine`) is a :class:`~agl_trainer.engine.TorchEngine` whose sampler is
 replaced by a script: it reads the conversation and writes what a half-competent agent would, token by token
 through the same engine, gateway and recording as the policy, so its calls are stored with their exact token
-ids. It knows half of the lockers (the right code first 90% of the time) and mixes up the other half with their
-neighbours (the right code first 20% of the time); after a wrong code it tries the right one, and it always
-answers with what the tool said is inside.
+ids. It knows half of the lockers (the right code first in 90% of its runs on each) and mixes up the other half
+with their neighbours (the right code first in 20% of its runs on each); after a wrong code it tries the right
+one, and it always answers with what the tool said is inside.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -143,12 +144,19 @@ _INSIDE = re.compile(r"inside is (\w+)")
 class Teacher:
     """A scripted agent model that knows the lockers but mixes up half of them.
 
-    On a locker it knows (``red``, ``green``, ...: every other one) it tries the right code first with
-    probability ``known``, else a random wrong one. Each of the others it mixes up with the locker before it:
-    it tries that locker's code first, and the right one only with probability ``right``. After a wrong code
+    On a locker it knows (``red``, ``green``, ...: every other one) it tries the right code first in a share
+    ``known`` of its runs, else a random wrong one. Each of the others it mixes up with the locker before it:
+    it tries that locker's code first, and the right one in a share ``right`` of its runs. After a wrong code
     it tries the right one; it answers with what the tool said is inside. The mix-up is systematic, so SFT
     learns it (a uniform random mistake would teach the model nothing about which code goes with which
     locker); the teacher's right first tries on those lockers are what RL has to build on.
+
+    The shares hold on every locker for every seed: the k-th first try on a locker is right when
+    ``floor((k + 1) * share + phase)`` passes ``floor(k * share + phase)``, the phase drawn per locker from
+    ``seed``, so 32 runs at 0.2 have 6 or 7 right first tries on each mixed-up locker, in an order the seed
+    decides. A coin per try left that to chance: seed 2's teacher tried one locker's right code first in 0 of
+    its 32 runs (a 1-in-1,300 draw), SFT learnt that it never does, and RL never sampled the right code first
+    on it, so it had nothing to learn from and stalled short of the target.
     """
 
     def __init__(self, secret: Mapping[str, tuple[str, str]], codes: Sequence[str], *, right: float = 0.2,
@@ -161,8 +169,18 @@ class Teacher:
         self.right = right
         self.known = known
         self.rng = random.Random(seed)
+        self._phase = {name: self.rng.random() for name in names}
+        self._tries: dict[str, int] = {}
+        """Locker -> its first tries so far."""
         self.first_tries = 0
         self.first_right = 0
+
+    def _right_first(self, locker: str, share: float) -> bool:
+        """Whether this first try on ``locker`` is the right code: a share ``share`` of them, spread evenly."""
+        k = self._tries.get(locker, 0)
+        self._tries[locker] = k + 1
+        phase = self._phase[locker]
+        return math.floor((k + 1) * share + phase) > math.floor(k * share + phase)
 
     def reply(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """What the teacher writes next in this conversation (its text, without the end token)."""
@@ -176,9 +194,9 @@ class Teacher:
         if not tools:
             self.first_tries += 1
             if locker in self.mixed:
-                if self.rng.random() >= self.right:
+                if not self._right_first(locker, self.right):
                     code = self.secret[self.mixed[locker]][0]
-            elif self.rng.random() >= self.known:
+            elif not self._right_first(locker, self.known):
                 code = self.rng.choice([c for c in self.codes if c != code])
             self.first_right += code == self.secret[locker][0]
         return tool_call_text("unlock", {"code": code})
