@@ -307,6 +307,26 @@ def test_through_the_gateway_the_agent_model_calls_are_recorded(
         assert {t.token_source for t in store.transitions()} == {"gateway"}  # the gateway's own token ids
 
 
+def test_through_the_gateway_scoring_runs_sample_at_validation_sampling(
+        tmp_path: Path, model: FakeOpenAI, optimizer: Callable[..., Optimizer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """validation.sampling was ignored by apo; through the gateway a scoring run's calls now carry it, and a
+    training batch's calls the agent's own settings (this agent sets none)."""
+    monkeypatch.delenv("APO_TEST_MODEL_URL")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "unset")
+    raw = raw_config(tmp_path, optimizer().url, rounds=1, gateway_model=model.url)
+    raw["validation"]["sampling"] = {"temperature": 0.0, "seed": 7}
+    outcome = run_apo(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert PLANTED in outcome.best.prompt.lower()
+    calls = [r.body for r in model.requests if r.path.endswith("/chat/completions")]
+    scored = [b for b in calls if b["messages"][-1]["content"].startswith("hello")]  # the validation split
+    batches = [b for b in calls if b["messages"][-1]["content"].startswith("greet")]
+    assert len(scored) == 6 and len(batches) == 2, [b["messages"][-1]["content"] for b in calls]
+    assert all(b.get("temperature") == 0.0 and b.get("seed") == 7 for b in scored), scored
+    assert all("temperature" not in b and "seed" not in b for b in batches), batches
+
+
 def test_without_the_gateway_the_server_serves_no_model(tmp_path: Path, model: FakeOpenAI,
                                                         optimizer: Callable[..., Optimizer]) -> None:
     from agl_trainer.apo import _local_server
@@ -336,6 +356,11 @@ def test_without_the_gateway_the_server_serves_no_model(tmp_path: Path, model: F
     (lambda r: r.update(backend={"model": "m"}), "backend"),
     (lambda r: r["algorithm"].update(name="apox"), "algorithm.name"),
     (lambda r: r["algorithm"].update(name="grpo", lr=1e-5) or r.update(backend={"model": "m"}), "apo"),
+    # what apo would not read is refused, not ignored: it scores each candidate once, and without the gateway no
+    # sampling override reaches the agent's own model
+    (lambda r: r["validation"].update(every=5), "validation.every"),
+    (lambda r: r["validation"].update(at_start=False), "validation.at_start"),
+    (lambda r: r["validation"].update(sampling={"temperature": 0.7}), "validation.sampling"),
 ])
 def test_bad_config_errors_name_the_field(tmp_path: Path, change: Callable[[dict[str, Any]], Any], key: str) -> None:
     raw = raw_config(tmp_path, "http://127.0.0.1:9/v1")

@@ -15,7 +15,12 @@ that the agent reads with ``agl.resources()``. Each round reads as its stages:
    ``{name}`` placeholder of the initial prompt, a template the agent formats, is refused and reported);
 4. **score**: each edit, published as its own version, runs the whole validation split
    (``validation.path``, ``validation.repeat`` rollouts a task); its score is the mean final
-   reward (a rollout without one scores 0);
+   reward (a rollout without one scores 0). When the gateway relays the agent's model
+   (``apo.gateway_model``), a scoring run's calls are sampled at ``validation.sampling``
+   (greedy by default, so two candidates' scores differ by their prompts, not by the draw) and a
+   batch's at the agent's own settings; an agent calling its own model samples as it says, and
+   setting ``validation.sampling`` then is a config error, as ``validation.every`` and
+   ``at_start`` always are (nothing here would read them);
 5. **select**: the best ``apo.beam_width`` of the beam and the edits go on.
 
 The initial prompt (``resources.<apo.resource>``) is scored first. The run stops after
@@ -99,6 +104,17 @@ def check_apo_config(config: Config) -> None:
     if config.workers.ray is not None:
         raise ConfigError("workers.ray", "is not available with algorithm.name: apo yet: its workers are threads "
                           "of agl train (workers.count), or your own `agl worker` with workers.count: 0")
+    validation = config.validation
+    unset = type(validation)(path=validation.path)  # set means not the default: a dumped config carries them all
+    for key in ("every", "at_start"):
+        if getattr(validation, key) != getattr(unset, key):
+            raise ConfigError(f"validation.{key}", "is not used with algorithm.name: apo: every candidate is scored "
+                              "on the whole validation split when it is made, and there are no training steps to "
+                              "count; drop it")
+    if validation.sampling != unset.sampling and apo.gateway_model is None:
+        raise ConfigError("validation.sampling", "is applied by agl's gateway, and with algorithm.name apo the agent "
+                          "calls its own model (apo.gateway_model is not set), so it would be ignored: set the "
+                          "sampling in the agent, or relay its calls through the gateway with apo.gateway_model")
 
 
 def apo_command(config: Config, *, check: bool, progress: bool) -> None:
@@ -401,7 +417,8 @@ def run_apo(config: Config, *, progress: bool = True) -> ApoOutcome:
     workers = _Workers(config, url, token)
     client = TaskClient(url, token, timeout=config.run.step_timeout_s)
     store = HttpStore(url, token, timeout=config.run.step_timeout_s)
-    search = _Search(config, client, store, tasks, held_out, progress=progress)
+    search = _Search(config, client, store, tasks, held_out, progress=progress,
+                     set_sampling=local.set_sampling if local is not None and config.apo.gateway_model else None)
     files = {"apo": os.path.join(folder, "apo.json"), "best prompt": os.path.join(folder, "best_prompt.txt"),
              "summary": os.path.join(folder, "summary.json")}
     if local is not None:
@@ -444,10 +461,15 @@ class _Search:
     """The beam search over one resource, against the server through ``client`` (tasks, resources) and ``store``."""
 
     def __init__(self, config: Config, client: Any, store: Any, tasks: list[Any], held_out: list[Any], *,
-                 progress: bool) -> None:
+                 progress: bool, set_sampling: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         apo, validation = config.apo, config.validation
         assert apo is not None and validation is not None
         self.apo = apo
+        self.set_sampling = set_sampling
+        """Puts the gateway's sampling overrides in place, returning the ones before (None: the agent calls its own
+        model, which no override reaches)."""
+        self.sampling = validation.sampling.overrides()
+        """What a scoring run's calls are sampled with, through the gateway (``validation.sampling``)."""
         self.config = config
         self.client = client
         self.store = store
@@ -596,7 +618,12 @@ class _Search:
         n = len(self.held_out) * self.repeat
         if not self.budget.take_rollouts(n, f"scoring v{candidate.version} on the validation split"):
             return False
-        batch = self._run(candidate, self.held_out, f"apo-{self.run_id}-v{candidate.version}", self.repeat)
+        before = self.set_sampling(self.sampling) if self.set_sampling is not None else None
+        try:
+            batch = self._run(candidate, self.held_out, f"apo-{self.run_id}-v{candidate.version}", self.repeat)
+        finally:
+            if self.set_sampling is not None and before is not None:
+                self.set_sampling(before)
         candidate.validation_score, candidate.validation_rollouts = batch.score, batch.rollouts
         self._note(candidate)
         return True
@@ -808,6 +835,13 @@ class _Local:
     def __init__(self, thread: Any) -> None:
         self.thread = thread
         self.url: str = thread.url
+
+    def set_sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The gateway's sampling overrides (what every relayed call is sampled with) set; the ones before."""
+        config = self.thread.server.gateway.config
+        before: dict[str, Any] = config.sampling_overrides
+        config.sampling_overrides = dict(overrides)  # one assignment: each call reads the whole mapping once
+        return before
 
     def stop(self) -> None:
         self.thread.stop()
