@@ -327,6 +327,48 @@ def test_through_the_gateway_scoring_runs_sample_at_validation_sampling(
     assert all("temperature" not in b and "seed" not in b for b in batches), batches
 
 
+def test_a_second_search_in_the_same_run_dir_is_refused_not_written_over(
+        tmp_path: Path, model: FakeOpenAI, optimizer: Callable[..., Optimizer]) -> None:
+    """A second search in run.dir wrote over the first one's apo.json and best_prompt.txt without a word (and
+    the second, starting from the initial prompt again, may well find less)."""
+    first = run(tmp_path, optimizer().url, rounds=1)
+    folder = tmp_path / "out"
+    kept = {name: (folder / name).read_text() for name in ("apo.json", "best_prompt.txt")}
+    with pytest.raises(ConfigError) as info:
+        run(tmp_path, optimizer().url, rounds=1)
+    assert info.value.key == "run.dir" and "best v3, validation score 1.000" in str(info.value)
+    assert "run.resume: false" in str(info.value)
+    assert {name: (folder / name).read_text() for name in kept} == kept
+    raw = raw_config(tmp_path, optimizer().url, rounds=1)
+    raw["run"]["resume"] = False  # asked for: start over in it
+    again = run_apo(validate(raw, base_dir=str(tmp_path)), progress=False)
+    assert again.best.prompt == first.best.prompt and json.loads((folder / "apo.json").read_text())["run"] != \
+        json.loads(kept["apo.json"])["run"]
+
+
+@pytest.mark.parametrize("agent_match", [None, "^solver$"])
+def test_the_stored_transitions_are_built_as_the_config_says(
+        tmp_path: Path, model: FakeOpenAI, optimizer: Callable[..., Optimizer], monkeypatch: pytest.MonkeyPatch,
+        agent_match: str | None) -> None:
+    """agent_match, air and credit were ignored by apo's server: the transitions it stored of the gateway's calls
+    (what agl export reads) were built by the default builder whatever the config said."""
+    monkeypatch.delenv("APO_TEST_MODEL_URL")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "unset")
+    raw = raw_config(tmp_path, optimizer().url, rounds=1, gateway_model=model.url)
+    if agent_match is not None:
+        raw["agent_match"] = agent_match  # this agent's calls are in no agent's scope: none is selected
+    run_apo(validate(raw, base_dir=str(tmp_path)), progress=False)
+    with stored(tmp_path) as store:
+        trajectories = store.trajectories()
+    assert len(trajectories) == 8
+    if agent_match is None:
+        assert all(len(t.transitions) == 1 for t in trajectories)
+    else:
+        assert all(not t.transitions for t in trajectories)
+        assert all("agent_match" in s.reason for t in trajectories for s in t.skipped), trajectories[0].skipped
+
+
 def test_without_the_gateway_the_server_serves_no_model(tmp_path: Path, model: FakeOpenAI,
                                                         optimizer: Callable[..., Optimizer]) -> None:
     from agl_trainer.apo import _local_server
@@ -361,6 +403,14 @@ def test_without_the_gateway_the_server_serves_no_model(tmp_path: Path, model: F
     (lambda r: r["validation"].update(every=5), "validation.every"),
     (lambda r: r["validation"].update(at_start=False), "validation.at_start"),
     (lambda r: r["validation"].update(sampling={"temperature": 0.7}), "validation.sampling"),
+    (lambda r: r["algorithm"].update(lr=3e-5), "algorithm.lr"),
+    (lambda r: r["algorithm"].update(temperature=0.5), "algorithm.temperature"),
+    (lambda r: r["data"].update(group_size=3), "data.group_size"),
+    (lambda r: r["data"].update(tasks_per_step=3), "data.tasks_per_step"),
+    (lambda r: r.update(sft={"min_reward": 0.5}), "sft.min_reward"),
+    (lambda r: r["run"].update(steps=3), "run.steps"),
+    (lambda r: r["run"].update(checkpoint_every=3), "run.checkpoint_every"),
+    (lambda r: r["run"].update(seed=3), "run.seed"),
 ])
 def test_bad_config_errors_name_the_field(tmp_path: Path, change: Callable[[dict[str, Any]], Any], key: str) -> None:
     raw = raw_config(tmp_path, "http://127.0.0.1:9/v1")

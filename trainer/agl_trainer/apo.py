@@ -60,7 +60,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agl_trainer.config import Config, ConfigError, load_tasks, load_validation_tasks
+from agl_trainer.config import (
+    Config,
+    ConfigError,
+    code_builder,
+    load_tasks,
+    load_validation_tasks,
+    transition_builder,
+)
 
 __all__ = ["ApoOutcome", "Budget", "Candidate", "OptimizerClient", "OptimizerError", "apo_command", "check_apo_config",
            "run_apo"]
@@ -104,6 +111,7 @@ def check_apo_config(config: Config) -> None:
     if config.workers.ray is not None:
         raise ConfigError("workers.ray", "is not available with algorithm.name: apo yet: its workers are threads "
                           "of agl train (workers.count), or your own `agl worker` with workers.count: 0")
+    _refuse_unread(config)
     validation = config.validation
     unset = type(validation)(path=validation.path)  # set means not the default: a dumped config carries them all
     for key in ("every", "at_start"):
@@ -117,6 +125,54 @@ def check_apo_config(config: Config) -> None:
                           "sampling in the agent, or relay its calls through the gateway with apo.gateway_model")
 
 
+_UNREAD = {
+    "algorithm": "no weights are trained: the sampling is the agent's (or validation.sampling when scoring through "
+                 "apo.gateway_model)",
+    "data.group_size": "each candidate runs apo.batch_size training tasks once",
+    "data.tasks_per_step": "each candidate runs apo.batch_size training tasks a round",
+    "sft": "it is read by algorithm.name sft and rft",
+    "run.steps": "the search runs apo.rounds rounds (and stops at apo.max_rollouts or apo.max_optimizer_tokens)",
+    "run.checkpoint_every": "the search writes apo.json after it ends, and every candidate is a resources version "
+                            "on the server as it is made",
+    "run.seed": "the search draws nothing at random (the optimiser's temperature is apo.optimizer.temperature)",
+}
+"""Keys ``algorithm.name: apo`` never reads, and what it does instead: one set to other than its default is refused."""
+
+
+def _refuse_unread(config: Config) -> None:
+    from agl_trainer.config import AlgorithmConfig, DataConfig, RunConfig, SftConfig
+
+    defaults = {"algorithm": AlgorithmConfig(name="apo"), "data": DataConfig(path=config.data.path),
+                "sft": SftConfig(), "run": RunConfig()}
+    for key, instead in _UNREAD.items():
+        section, _, name = key.partition(".")
+        value, default = getattr(config, section), defaults[section]
+        if name:
+            value, default = getattr(value, name), getattr(default, name)
+        if value != default:
+            changed = key if name else next(f"{key}.{k}" for k in type(default).model_fields
+                                            if getattr(value, k) != getattr(default, k))
+            raise ConfigError(changed, f"is not used with algorithm.name: apo ({instead}), so it would be ignored: "
+                              "drop it")
+
+
+def _earlier_search(config: Config) -> None:
+    """:class:`ConfigError` when ``run.dir`` holds a search that this one would overwrite (``run.resume``, the
+    default, asks to go on from it, and apo cannot yet)."""
+    path = os.path.join(config.path(config.run.dir), "apo.json")
+    if not config.run.resume or not os.path.exists(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            best = json.load(f).get("best") or {}
+        found = f"best v{best.get('version')}, validation score {_score_text(best.get('validation_score'))}"
+    except (OSError, ValueError, AttributeError) as exc:
+        found = f"unreadable: {exc}"
+    raise ConfigError("run.dir", f"{os.path.dirname(path)} holds an earlier search ({path}: {found}), which a new "
+                      "one would overwrite, and apo cannot resume a search yet: choose another run.dir, or set "
+                      "run.resume: false to start over in this one")
+
+
 def apo_command(config: Config, *, check: bool, progress: bool) -> None:
     """``agl train`` for ``algorithm.name: apo``: ``--check``, or the run and its closing lines; exits as agl train
     does (2: config error, 1: failed while running)."""
@@ -124,6 +180,7 @@ def apo_command(config: Config, *, check: bool, progress: bool) -> None:
 
     try:
         tasks, held_out = load_tasks(config), load_validation_tasks(config)
+        _earlier_search(config)
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
@@ -409,13 +466,19 @@ def run_apo(config: Config, *, progress: bool = True) -> ApoOutcome:
     assert config.apo is not None and config.validation is not None
     started = time.monotonic()
     tasks, held_out = load_tasks(config), load_validation_tasks(config)
+    _earlier_search(config)
     folder = config.path(config.run.dir)
     os.makedirs(folder, exist_ok=True)
     token = config.server.token or os.environ.get("AGL_TOKEN") or None
-    local = _local_server(config, token) if config.server.url is None else None
+    # the stored transitions (what agl export and the dashboard read) are built as the config says (agent_match,
+    # air, credit), as in a grpo run, though apo itself scores final rewards only
+    builder = transition_builder(config, code_builder(config))
+    local = _local_server(config, token, builder) if config.server.url is None else None
     url = local.url if local is not None else str(config.server.url)
-    workers = _Workers(config, url, token)
     client = TaskClient(url, token, timeout=config.run.step_timeout_s)
+    if local is None:
+        _join_builder(client, builder)
+    workers = _Workers(config, url, token)
     store = HttpStore(url, token, timeout=config.run.step_timeout_s)
     search = _Search(config, client, store, tasks, held_out, progress=progress,
                      set_sampling=local.set_sampling if local is not None and config.apo.gateway_model else None)
@@ -847,7 +910,23 @@ class _Local:
         self.thread.stop()
 
 
-def _local_server(config: Config, token: str | None) -> _Local:
+def _join_builder(client: Any, builder: Any) -> None:
+    """A running agl serve builds the stored transitions with this run's builder too, or the run is refused."""
+    from agl_core.errors import AglError
+
+    settings = builder.settings() if builder is not None else {}
+    if not settings:
+        return
+    try:
+        client.client.request("POST", "/v1/builder", {"settings": settings, "source": "agl train (algorithm apo: "
+                              "its config and the agent's @agl.rollout_fn builder)"})
+    except (AglError, ValueError) as exc:
+        client.close()
+        raise ConfigError("server.url", f"the server does not build transitions as this run's config says: {exc}"
+                          ) from None
+
+
+def _local_server(config: Config, token: str | None, builder: Any = None) -> _Local:
     from agl_trainer.gateway import GatewayConfig, OpenAIBackend
     from agl_trainer.server import ServerConfig, ServerThread, TrainerServer, check_bind
 
@@ -863,7 +942,9 @@ def _local_server(config: Config, token: str | None) -> _Local:
         backend = OpenAIBackend(apo.gateway_model, key)
     server_config = ServerConfig(db_path=config.path(config.server.db), host=config.server.host,
                                  port=config.server.port, token=token, max_attempts=config.server.max_attempts,
-                                 lease_timeout_s=config.server.lease_timeout_s,
+                                 lease_timeout_s=config.server.lease_timeout_s, builder=builder,
+                                 builder_source="agl train (algorithm apo: its config and the agent's "
+                                                "@agl.rollout_fn builder)",
                                  gateway=GatewayConfig(upstreams=dict(config.server.upstreams)))
     return _Local(ServerThread(TrainerServer(server_config, backend)).start())
 
