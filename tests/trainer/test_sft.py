@@ -237,6 +237,36 @@ def test_the_recorded_token_ids_are_trained_and_a_call_without_them_is_rendered_
     assert summary["steps"][0]["chat_template"] == 1.0 and summary["selection"]["chat_template"] == 1
 
 
+def test_the_keys_sft_and_rft_do_not_read_are_said_in_one_line(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """kl_coef, backend.epochs, run.steps... in an sft config were ignored without a word (a user raising
+    backend.epochs for more passes got one). They are said, not refused: an sft config is often the grpo one."""
+    import yaml
+
+    from agl_trainer.config import ignored_line
+    from agl_trainer.train_cli import main
+
+    save_policy(tmp_path / "policy")
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(COLOUR) + "\n")
+    capsys.readouterr()
+    cfg = config(tmp_path, algorithm={"name": "sft", "kl_coef": 0.1}, backend={"epochs": 3})
+    line = ignored_line(cfg)
+    assert line is not None and line.startswith("agl train: algorithm.name sft does not read algorithm.kl_coef (")
+    for key in ("backend.epochs (the passes over the examples are sft.epochs)", "data.tasks_per_step", "run.steps"):
+        assert key in line, line
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True)))
+    assert main([str(tmp_path / "sft.yaml"), "--check"]) == 0
+    assert capsys.readouterr().err.strip() == line
+    rft = config(tmp_path, algorithm={"name": "rft", "kl_coef": 0.1})  # rft samples: group_size, steps are its
+    assert ignored_line(rft) == ("agl train: algorithm.name rft does not read algorithm.kl_coef (a term of the grpo "
+                                 "loop's policy-gradient step, which sft and rft do not take): ignored")
+    bare = validate({"data": {"path": "tasks.jsonl"}, "agent": "sft_test_agents:pick", "algorithm": {"name": "sft"},
+                     "backend": {"model": "policy"}}, base_dir=str(tmp_path))
+    assert ignored_line(bare) is None
+    dumped = validate(bare.model_dump(mode="json"), base_dir=str(tmp_path))  # every default written out
+    assert ignored_line(dumped) is None and ignored_line(config(tmp_path)) is None  # grpo reads them all
+
+
 def test_sft_with_nothing_selected_is_a_config_error_naming_the_selection(sft_run: dict[str, Any]) -> None:
     from agl_trainer.config import ConfigError
 

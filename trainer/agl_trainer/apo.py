@@ -61,11 +61,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agl_trainer.config import (
+    APO_UNREAD,
     Config,
     ConfigError,
     code_builder,
     load_tasks,
     load_validation_tasks,
+    refuse_unread,
     transition_builder,
 )
 
@@ -111,7 +113,7 @@ def check_apo_config(config: Config) -> None:
     if config.workers.ray is not None:
         raise ConfigError("workers.ray", "is not available with algorithm.name: apo yet: its workers are threads "
                           "of agl train (workers.count), or your own `agl worker` with workers.count: 0")
-    _refuse_unread(config)
+    refuse_unread(config, "apo", APO_UNREAD)
     validation = config.validation
     unset = type(validation)(path=validation.path)  # set means not the default: a dumped config carries them all
     for key in ("every", "at_start"):
@@ -123,37 +125,6 @@ def check_apo_config(config: Config) -> None:
         raise ConfigError("validation.sampling", "is applied by agl's gateway, and with algorithm.name apo the agent "
                           "calls its own model (apo.gateway_model is not set), so it would be ignored: set the "
                           "sampling in the agent, or relay its calls through the gateway with apo.gateway_model")
-
-
-_UNREAD = {
-    "algorithm": "no weights are trained: the sampling is the agent's (or validation.sampling when scoring through "
-                 "apo.gateway_model)",
-    "data.group_size": "each candidate runs apo.batch_size training tasks once",
-    "data.tasks_per_step": "each candidate runs apo.batch_size training tasks a round",
-    "sft": "it is read by algorithm.name sft and rft",
-    "run.steps": "the search runs apo.rounds rounds (and stops at apo.max_rollouts or apo.max_optimizer_tokens)",
-    "run.checkpoint_every": "the search writes apo.json after it ends, and every candidate is a resources version "
-                            "on the server as it is made",
-    "run.seed": "the search draws nothing at random (the optimiser's temperature is apo.optimizer.temperature)",
-}
-"""Keys ``algorithm.name: apo`` never reads, and what it does instead: one set to other than its default is refused."""
-
-
-def _refuse_unread(config: Config) -> None:
-    from agl_trainer.config import AlgorithmConfig, DataConfig, RunConfig, SftConfig
-
-    defaults = {"algorithm": AlgorithmConfig(name="apo"), "data": DataConfig(path=config.data.path),
-                "sft": SftConfig(), "run": RunConfig()}
-    for key, instead in _UNREAD.items():
-        section, _, name = key.partition(".")
-        value, default = getattr(config, section), defaults[section]
-        if name:
-            value, default = getattr(value, name), getattr(default, name)
-        if value != default:
-            changed = key if name else next(f"{key}.{k}" for k in type(default).model_fields
-                                            if getattr(value, k) != getattr(default, k))
-            raise ConfigError(changed, f"is not used with algorithm.name: apo ({instead}), so it would be ignored: "
-                              "drop it")
 
 
 def _earlier_search(config: Config) -> None:

@@ -499,6 +499,91 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     return out
 
 
+_WEIGHTS_ONLY = "a term of the grpo loop's policy-gradient step, which sft and rft do not take"
+_SFT_AND_RFT = {
+    "algorithm.clip_epsilon": _WEIGHTS_ONLY, "algorithm.clip_epsilon_high": _WEIGHTS_ONLY,
+    "algorithm.kl_coef": _WEIGHTS_ONLY, "algorithm.row_mode": _WEIGHTS_ONLY,
+    "algorithm.scale_advantages": _WEIGHTS_ONLY,
+    "backend.epochs": "the passes over the examples are sft.epochs",
+    "backend.minibatches": "an optimizer step takes sft.batch_size examples",
+    "run.checkpoint_every": "the model and its checkpoint are written once, at the end",
+}
+SFT_UNREAD = {
+    **_SFT_AND_RFT,
+    "algorithm.temperature": "sft samples nothing; its loss is the model's own distribution",
+    "data.group_size": "sft samples nothing: it reads the stored transitions of sft.data",
+    "data.tasks_per_step": "sft samples nothing: it reads the stored transitions of sft.data",
+    "run.steps": "the passes over the examples are sft.epochs",
+    "credit": "the transitions are trained as stored; sft.min_reward selects them by their run's return",
+    "air": "the transitions are trained as stored; sft.min_reward selects them by their run's return",
+    "resources": "sft runs no agent",
+    "workers": "sft runs no agent",
+}
+"""Keys ``algorithm.name: sft`` never reads, and what it does instead (:func:`refuse_unread`)."""
+RFT_UNREAD = dict(_SFT_AND_RFT)
+"""Keys ``algorithm.name: rft`` never reads (:func:`refuse_unread`)."""
+APO_UNREAD = {
+    "algorithm": "no weights are trained: the sampling is the agent's (or validation.sampling when scoring through "
+                 "apo.gateway_model)",
+    "data.group_size": "each candidate runs apo.batch_size training tasks once",
+    "data.tasks_per_step": "each candidate runs apo.batch_size training tasks a round",
+    "sft": "it is read by algorithm.name sft and rft",
+    "run.steps": "the search runs apo.rounds rounds (and stops at apo.max_rollouts or apo.max_optimizer_tokens)",
+    "run.checkpoint_every": "the search writes apo.json after it ends, and every candidate is a resources version "
+                            "on the server as it is made",
+    "run.seed": "the search draws nothing at random (the optimiser's temperature is apo.optimizer.temperature)",
+}
+"""Keys ``algorithm.name: apo`` never reads (:func:`refuse_unread`)."""
+
+
+def unread_keys(config: Config, unread: dict[str, str]) -> list[tuple[str, str]]:
+    """The keys of ``unread`` (a section, or ``section.key``) that ``config`` sets to other than their default, each
+    with what the run does instead. Set means not the default, so a config dumped with every default
+    (``summary.json``'s) sets none."""
+    defaults: dict[str, Any] = {
+        "algorithm": AlgorithmConfig(name=config.algorithm.name), "data": DataConfig(path=config.data.path),
+        "sft": SftConfig(), "run": RunConfig(), "credit": CreditConfig(), "air": AirConfig(), "resources": {},
+        "workers": WorkersConfig(),
+        "backend": BackendConfig(name=config.backend.name, model=config.backend.model) if config.backend else None,
+    }
+    found: list[tuple[str, str]] = []
+    for key, instead in unread.items():
+        section, _, name = key.partition(".")
+        value, default = getattr(config, section), defaults[section]
+        if name:
+            value, default = getattr(value, name), getattr(default, name)
+        if value == default:
+            continue
+        if not name and isinstance(default, BaseModel):
+            found += [(f"{key}.{k}", instead) for k in type(default).model_fields
+                      if k != "name" and getattr(value, k) != getattr(default, k)]
+        else:
+            found.append((key, instead))
+    return found
+
+
+def refuse_unread(config: Config, algorithm: str, unread: dict[str, str]) -> None:
+    """:class:`ConfigError` naming the first key of ``unread`` that ``config`` sets (:func:`unread_keys`), and what
+    ``algorithm`` does instead: a key the run would ignore is refused, not ignored."""
+    for key, instead in unread_keys(config, unread)[:1]:
+        raise ConfigError(key, f"is not used with algorithm.name: {algorithm} ({instead}), so it would be "
+                          "ignored: drop it")
+
+
+def ignored_line(config: Config) -> str | None:
+    """One line naming the keys an ``sft`` or ``rft`` run does not read that ``config`` sets, or None. They are
+    said, not refused: an sft config is often the grpo run's with another ``algorithm.name`` (SFT first, then
+    GRPO from its model), while apo, which refuses a backend section, never shares one."""
+    name = config.algorithm.name
+    if name not in ("sft", "rft"):
+        return None
+    found = unread_keys(config, SFT_UNREAD if name == "sft" else RFT_UNREAD)
+    if not found:
+        return None
+    return (f"agl train: algorithm.name {name} does not read " + "; ".join(f"{k} ({why})" for k, why in found)
+            + ": ignored")
+
+
 def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:
     """The :class:`Config` of ``raw``, or :class:`ConfigError` in our words (never pydantic's dump)."""
     if "base_dir" in raw:

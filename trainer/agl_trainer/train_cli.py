@@ -46,6 +46,7 @@ from agl_trainer.config import (
     Config,
     ConfigError,
     code_builder,
+    ignored_line,
     load_config,
     load_tasks,
     load_validation_tasks,
@@ -90,6 +91,9 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
 
         apo_command(config, check=check, progress=not quiet)
         return
+    ignored = ignored_line(config)
+    if ignored:
+        click.echo(ignored, err=True)
     if check and config.algorithm.name == "sft":
         click.echo(f"agl train: {config_path} is valid: sft on the store {config.sft.data or config.server.db}, "
                    f"backend {config.backend.name}")
