@@ -276,10 +276,25 @@ def test_sft_with_nothing_selected_is_a_config_error_naming_the_selection(sft_ru
     with pytest.raises(ConfigError, match=r"sft: no transition of .*runs.db passes the selection \(status=\['succeeded"
                                           r"'\], min_reward=5.0\)"):
         run_training(cfg, progress=False)
-    missing = config(folder, algorithm={"name": "sft"}, sft={"data": "nope.db"})
+    missing = config(folder, algorithm={"name": "sft"}, run={"dir": "empty"}, sft={"data": "nope.db"})
     with pytest.raises(ConfigError, match="sft.data: no such store: .*nope.db"):
         run_training(missing, progress=False)
     assert not (folder / "empty").exists() and not (folder / "nope.db").exists()
+
+
+def test_a_second_sft_run_in_the_same_run_dir_is_refused_not_written_over(sft_run: dict[str, Any]) -> None:
+    """sft cannot resume, and a second run in run.dir wrote over the first one's model/, checkpoint and summary
+    without a word; run.resume (the default) now refuses it, naming the way to start over."""
+    from agl_trainer.config import ConfigError
+
+    folder = sft_run["folder"]
+    left = {p: p.stat().st_mtime_ns for p in (folder / "out").rglob("*") if p.is_file()}
+    again = config(folder, algorithm={"name": "sft"}, sft={"data": "runs.db", "min_reward": 0.5})
+    with pytest.raises(ConfigError, match=r"^config error: run\.dir: .*out holds an earlier sft run "
+                                          r"\(.*sft-checkpoint\), which this one would write over \(model/, "
+                                          r".*run\.resume: false"):
+        run_training(again, progress=False)
+    assert {p: p.stat().st_mtime_ns for p in (folder / "out").rglob("*") if p.is_file()} == left
 
 
 # ---------------------------------------------------------------------- grpo from the sft model, rft

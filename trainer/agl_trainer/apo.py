@@ -67,6 +67,7 @@ from agl_trainer.config import (
     code_builder,
     load_tasks,
     load_validation_tasks,
+    refuse_earlier_run,
     refuse_unread,
     transition_builder,
 )
@@ -128,20 +129,17 @@ def check_apo_config(config: Config) -> None:
 
 
 def _earlier_search(config: Config) -> None:
-    """:class:`ConfigError` when ``run.dir`` holds a search that this one would overwrite (``run.resume``, the
-    default, asks to go on from it, and apo cannot yet)."""
+    """:class:`ConfigError` when ``run.dir`` holds a search this one would overwrite (:func:`refuse_earlier_run`)."""
     path = os.path.join(config.path(config.run.dir), "apo.json")
-    if not config.run.resume or not os.path.exists(path):
-        return
     try:
         with open(path, encoding="utf-8") as f:
             best = json.load(f).get("best") or {}
-        found = f"best v{best.get('version')}, validation score {_score_text(best.get('validation_score'))}"
+        found = f": best v{best.get('version')}, validation score {_score_text(best.get('validation_score'))}"
+    except FileNotFoundError:
+        return
     except (OSError, ValueError, AttributeError) as exc:
-        found = f"unreadable: {exc}"
-    raise ConfigError("run.dir", f"{os.path.dirname(path)} holds an earlier search ({path}: {found}), which a new "
-                      "one would overwrite, and apo cannot resume a search yet: choose another run.dir, or set "
-                      "run.resume: false to start over in this one")
+        found = f": unreadable, {exc}"
+    refuse_earlier_run(config, "apo.json", found, " (apo.json, best_prompt.txt, summary.json)")
 
 
 def apo_command(config: Config, *, check: bool, progress: bool) -> None:

@@ -584,6 +584,19 @@ def ignored_line(config: Config) -> str | None:
             + ": ignored")
 
 
+def refuse_earlier_run(config: Config, marker: str, found: str = "", writes: str = "") -> None:
+    """:class:`ConfigError` when ``run.dir`` holds ``marker``, the mark of an earlier run of this algorithm, which
+    cannot resume one (sft, rft, apo), while ``run.resume`` (the default) asks to go on from it: started anyway, the
+    run would write over what that one left (``writes``) without a word. ``found`` says what is there."""
+    name = config.algorithm.name
+    path = os.path.join(config.path(config.run.dir), marker)
+    if not config.run.resume or not os.path.exists(path):
+        return
+    raise ConfigError("run.dir", f"{os.path.dirname(path)} holds an earlier {name} run ({path}{found}), which this "
+                      f"one would write over{writes}, and {name} cannot resume a run yet: choose another run.dir, or "
+                      "set run.resume: false to start over in this one")
+
+
 def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:
     """The :class:`Config` of ``raw``, or :class:`ConfigError` in our words (never pydantic's dump)."""
     if "base_dir" in raw:
