@@ -291,9 +291,14 @@ def test_a_second_sft_run_in_the_same_run_dir_is_refused_not_written_over(sft_ru
     left = {p: p.stat().st_mtime_ns for p in (folder / "out").rglob("*") if p.is_file()}
     again = config(folder, algorithm={"name": "sft"}, sft={"data": "runs.db", "min_reward": 0.5})
     with pytest.raises(ConfigError, match=r"^config error: run\.dir: .*out holds an earlier sft run "
-                                          r"\(.*sft-checkpoint\), which this one would write over \(model/, "
-                                          r".*run\.resume: false"):
+                                          r"\(.*summary\.json\), which this sft run would write over \(model/, "
+                                          r"sft-checkpoint/, .*sft cannot resume a run yet.*run\.resume: false"):
         run_training(again, progress=False)
+    # nor a grpo run there, which would write its summary.json and loss_curve.png over the sft run's
+    grpo = config(folder, backend={"model": "out/model"})
+    with pytest.raises(ConfigError, match=r"holds an earlier sft run .*which this grpo run would write over "
+                                          r"\(checkpoint/, .*it is not a grpo run's"):
+        run_training(grpo, progress=False)
     assert {p: p.stat().st_mtime_ns for p in (folder / "out").rglob("*") if p.is_file()} == left
 
 

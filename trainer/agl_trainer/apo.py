@@ -128,20 +128,6 @@ def check_apo_config(config: Config) -> None:
                           "sampling in the agent, or relay its calls through the gateway with apo.gateway_model")
 
 
-def _earlier_search(config: Config) -> None:
-    """:class:`ConfigError` when ``run.dir`` holds a search this one would overwrite (:func:`refuse_earlier_run`)."""
-    path = os.path.join(config.path(config.run.dir), "apo.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            best = json.load(f).get("best") or {}
-        found = f": best v{best.get('version')}, validation score {_score_text(best.get('validation_score'))}"
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError, AttributeError) as exc:
-        found = f": unreadable, {exc}"
-    refuse_earlier_run(config, "apo.json", found, " (apo.json, best_prompt.txt, summary.json)")
-
-
 def apo_command(config: Config, *, check: bool, progress: bool) -> None:
     """``agl train`` for ``algorithm.name: apo``: ``--check``, or the run and its closing lines; exits as agl train
     does (2: config error, 1: failed while running)."""
@@ -149,7 +135,7 @@ def apo_command(config: Config, *, check: bool, progress: bool) -> None:
 
     try:
         tasks, held_out = load_tasks(config), load_validation_tasks(config)
-        _earlier_search(config)
+        refuse_earlier_run(config)
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
@@ -435,7 +421,7 @@ def run_apo(config: Config, *, progress: bool = True) -> ApoOutcome:
     assert config.apo is not None and config.validation is not None
     started = time.monotonic()
     tasks, held_out = load_tasks(config), load_validation_tasks(config)
-    _earlier_search(config)
+    refuse_earlier_run(config)
     folder = config.path(config.run.dir)
     os.makedirs(folder, exist_ok=True)
     token = config.server.token or os.environ.get("AGL_TOKEN") or None

@@ -584,17 +584,38 @@ def ignored_line(config: Config) -> str | None:
             + ": ignored")
 
 
-def refuse_earlier_run(config: Config, marker: str, found: str = "", writes: str = "") -> None:
-    """:class:`ConfigError` when ``run.dir`` holds ``marker``, the mark of an earlier run of this algorithm, which
-    cannot resume one (sft, rft, apo), while ``run.resume`` (the default) asks to go on from it: started anyway, the
-    run would write over what that one left (``writes``) without a word. ``found`` says what is there."""
+_LEAVES = {"grpo": "checkpoint/, reward_curve.png, loss_curve.png, summary.json",
+           "sft": "model/, sft-checkpoint/, loss_curve.png, summary.json",
+           "rft": "model/, rft-checkpoint/, loss_curve.png, summary.json",
+           "apo": "apo.json, best_prompt.txt, summary.json"}
+"""What each algorithm writes in ``run.dir``."""
+
+
+def refuse_earlier_run(config: Config) -> None:
+    """:class:`ConfigError` when ``run.dir`` holds the ``summary.json`` of an earlier run that this one would write
+    over without a word while ``run.resume`` (the default) asks to go on from it: a run of another algorithm, or one
+    of sft, rft or apo, which cannot resume yet. A grpo run over a grpo run's folder resumes from its checkpoint."""
     name = config.algorithm.name
-    path = os.path.join(config.path(config.run.dir), marker)
+    path = os.path.join(config.path(config.run.dir), "summary.json")
     if not config.run.resume or not os.path.exists(path):
         return
-    raise ConfigError("run.dir", f"{os.path.dirname(path)} holds an earlier {name} run ({path}{found}), which this "
-                      f"one would write over{writes}, and {name} cannot resume a run yet: choose another run.dir, or "
-                      "set run.resume: false to start over in this one")
+    try:
+        with open(path, encoding="utf-8") as f:
+            summary = json.load(f)
+        earlier = str(summary.get("algorithm") or "grpo")  # a grpo summary names no algorithm
+        found = ""
+        if earlier == "apo":
+            score = summary.get("best_validation_score")
+            found = f": best v{summary.get('best_version')}, validation score " + \
+                ("unscored" if score is None else f"{float(score):.3f}")
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        earlier, found = "unknown", f": unreadable, {exc}"
+    if earlier == name == "grpo":
+        return
+    why = f"{name} cannot resume a run yet" if earlier == name else f"it is not a {name} run's"
+    raise ConfigError("run.dir", f"{os.path.dirname(path)} holds an earlier {earlier} run ({path}{found}), which "
+                      f"this {name} run would write over ({_LEAVES.get(name, 'summary.json')}), and {why}: choose "
+                      "another run.dir, or set run.resume: false to start over in this one")
 
 
 def validate(raw: dict[str, Any], *, base_dir: str = ".") -> Config:

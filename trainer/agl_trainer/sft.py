@@ -371,10 +371,9 @@ def step_line(kind: str, step: int, metrics: dict[str, float], extra: str = "") 
 def run_sft(config: Any, backend: TorchBackend, tokenizer: Any, *, progress: bool = True) -> dict[str, Any]:
     """``algorithm: sft``: the selected transitions of ``sft.data``, fine-tuned on; what the run did."""
     from agl_core.errors import AglError
-    from agl_trainer.config import ConfigError, refuse_earlier_run
+    from agl_trainer.config import ConfigError
 
     started = time.monotonic()
-    refuse_earlier_run(config, "sft-checkpoint", writes=WRITES)
     s, a = config.sft, config.algorithm
     selection = Selection(task_ids=s.task_ids, status=s.status or None, agent=_agent(config),
                           min_reward=s.min_reward)
@@ -406,11 +405,9 @@ def run_sft(config: Any, backend: TorchBackend, tokenizer: Any, *, progress: boo
 def run_rft(config: Any, backend: TorchBackend, tokenizer: Any, link: Any, tasks: Sequence[Any], *,
             progress: bool = True) -> dict[str, Any]:
     """``algorithm: rft``: ``run.steps`` rounds of sample, keep the best per task, fine-tune, publish."""
-    from agl_trainer.config import refuse_earlier_run
     from agl_trainer.training import collect
 
     started = time.monotonic()
-    refuse_earlier_run(config, "rft-checkpoint", writes=WRITES)
     s, d, a = config.sft, config.data, config.algorithm
     keep = Selection(agent=s.agent)  # agent_match already chose the trained calls (the server's builder)
     trainer = SftTrainer(backend, batch_size=s.batch_size)
@@ -495,10 +492,6 @@ def _shown(selection: Selection) -> str:
 def _say(enabled: bool, line: str) -> None:
     if enabled:
         print(line, file=sys.stderr, flush=True)
-
-
-WRITES = " (model/, its checkpoint, loss_curve.png, summary.json)"
-"""What an sft or rft run writes in ``run.dir`` (:func:`_finish`), as its refusal to write over them says."""
 
 
 def _finish(config: Any, backend: TorchBackend, tokenizer: Any, started: float, what: dict[str, Any]

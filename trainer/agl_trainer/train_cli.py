@@ -50,6 +50,7 @@ from agl_trainer.config import (
     load_config,
     load_tasks,
     load_validation_tasks,
+    refuse_earlier_run,
     transition_builder,
 )
 
@@ -94,6 +95,11 @@ def train(config_path: str, overrides: tuple[str, ...], check: bool, quiet: bool
     ignored = ignored_line(config)
     if ignored:
         click.echo(ignored, err=True)
+    try:
+        refuse_earlier_run(config)
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
     if check and config.algorithm.name == "sft":
         click.echo(f"agl train: {config_path} is valid: sft on the store {config.sft.data or config.server.db}, "
                    f"backend {config.backend.name}")
@@ -172,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_training(config: Config, *, progress: bool = True) -> TrainOutcome:
     """Start what ``config`` asks for, train ``run.steps`` steps (or resume to it), stop it all; see the module."""
     assert config.backend is not None, "algorithm.name apo runs agl_trainer.apo.run_apo"
+    refuse_earlier_run(config)
     if config.backend.name == "verl":
         from agl_trainer.verl_backend import launch
 
