@@ -417,6 +417,7 @@ def run_apo(config: Config, *, progress: bool = True) -> ApoOutcome:
     """Start the server and workers ``config`` asks for (or use ``server.url``), search, stop them; see the module."""
     from agl_core.store.http import HttpStore
     from agl_core.worker import TaskClient
+    from agl_trainer.training import LocalServer
 
     assert config.apo is not None and config.validation is not None
     started = time.monotonic()
@@ -435,8 +436,9 @@ def run_apo(config: Config, *, progress: bool = True) -> ApoOutcome:
         _join_builder(client, builder)
     workers = _Workers(config, url, token)
     store = HttpStore(url, token, timeout=config.run.step_timeout_s)
+    relayed = LocalServer(local.thread.server, None) if local is not None and config.apo.gateway_model else None
     search = _Search(config, client, store, tasks, held_out, progress=progress,
-                     set_sampling=local.set_sampling if local is not None and config.apo.gateway_model else None)
+                     set_sampling=relayed.set_sampling if relayed is not None else None)
     files = {"apo": os.path.join(folder, "apo.json"), "best prompt": os.path.join(folder, "best_prompt.txt"),
              "summary": os.path.join(folder, "summary.json")}
     if local is not None:
@@ -636,11 +638,14 @@ class _Search:
         n = len(self.held_out) * self.repeat
         if not self.budget.take_rollouts(n, f"scoring v{candidate.version} on the validation split"):
             return False
-        before = self.set_sampling(self.sampling) if self.set_sampling is not None else None
-        try:
-            batch = self._run(candidate, self.held_out, f"apo-{self.run_id}-v{candidate.version}", self.repeat)
-        finally:
-            if self.set_sampling is not None and before is not None:
+        prefix = f"apo-{self.run_id}-v{candidate.version}"
+        if self.set_sampling is None:
+            batch = self._run(candidate, self.held_out, prefix, self.repeat)
+        else:
+            before = self.set_sampling(self.sampling)
+            try:
+                batch = self._run(candidate, self.held_out, prefix, self.repeat)
+            finally:
                 self.set_sampling(before)
         candidate.validation_score, candidate.validation_rollouts = batch.score, batch.rollouts
         self._note(candidate)
@@ -854,13 +859,6 @@ class _Local:
         self.thread = thread
         self.url: str = thread.url
 
-    def set_sampling(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        """The gateway's sampling overrides (what every relayed call is sampled with) set; the ones before."""
-        config = self.thread.server.gateway.config
-        before: dict[str, Any] = config.sampling_overrides
-        config.sampling_overrides = dict(overrides)  # one assignment: each call reads the whole mapping once
-        return before
-
     def stop(self) -> None:
         self.thread.stop()
 
@@ -868,13 +866,11 @@ class _Local:
 def _join_builder(client: Any, builder: Any) -> None:
     """A running agl serve builds the stored transitions with this run's builder too, or the run is refused."""
     from agl_core.errors import AglError
+    from agl_trainer.training import post_builder
 
-    settings = builder.settings() if builder is not None else {}
-    if not settings:
-        return
     try:
-        client.client.request("POST", "/v1/builder", {"settings": settings, "source": "agl train (algorithm apo: "
-                              "its config and the agent's @agl.rollout_fn builder)"})
+        post_builder(client.client, builder, "agl train (algorithm apo: its config and the agent's @agl.rollout_fn "
+                     "builder)")
     except (AglError, ValueError) as exc:
         client.close()
         raise ConfigError("server.url", f"the server does not build transitions as this run's config says: {exc}"

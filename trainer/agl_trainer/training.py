@@ -275,6 +275,15 @@ class ServerLink(Protocol):
         ...
 
 
+def post_builder(client: Any, builder: Any, source: str) -> None:
+    """Have the agl serve behind ``client`` (an ``HttpClient``) build the stored transitions with ``builder`` too
+    (``POST /v1/builder``); it refuses a builder whose keys it sets otherwise (``ServerError`` 409, naming both
+    values). A builder that sets nothing is not posted."""
+    settings = builder.settings() if builder is not None else {}
+    if settings:
+        client.request("POST", "/v1/builder", {"settings": settings, "source": source})
+
+
 class LocalServer:
     """A :class:`TrainerServer` in this process, serving the policy from ``engine`` (a TorchEngine)."""
 
@@ -387,11 +396,8 @@ class RemoteServer:
         return [own.build(r) for r in runs]
 
     def join_builder(self, builder: Any, source: str) -> None:
-        """Have the server build the stored transitions with ``builder`` too (``POST /v1/builder``); it refuses a
-        builder whose keys it sets otherwise (``ServerError`` 409, naming both values)."""
-        settings = builder.settings() if builder is not None else {}
-        if settings:
-            self.tasks.client.request("POST", "/v1/builder", {"settings": settings, "source": source})
+        """Have the server build the stored transitions with ``builder`` too (:func:`post_builder`)."""
+        post_builder(self.tasks.client, builder, source)
 
     def current_version(self) -> int:
         _, data = self.tasks.client.request("GET", "/v1/model")
