@@ -70,6 +70,7 @@ from agl_trainer.config import (
     refuse_earlier_run,
     refuse_unread,
     transition_builder,
+    unread_keys,
 )
 
 __all__ = ["ApoOutcome", "Budget", "Candidate", "OptimizerClient", "OptimizerError", "apo_command", "check_apo_config",
@@ -115,14 +116,7 @@ def check_apo_config(config: Config) -> None:
         raise ConfigError("workers.ray", "is not available with algorithm.name: apo yet: its workers are threads "
                           "of agl train (workers.count), or your own `agl worker` with workers.count: 0")
     refuse_unread(config, "apo", APO_UNREAD)
-    validation = config.validation
-    unset = type(validation)(path=validation.path)  # set means not the default: a dumped config carries them all
-    for key in ("every", "at_start"):
-        if getattr(validation, key) != getattr(unset, key):
-            raise ConfigError(f"validation.{key}", "is not used with algorithm.name: apo: every candidate is scored "
-                              "on the whole validation split when it is made, and there are no training steps to "
-                              "count; drop it")
-    if validation.sampling != unset.sampling and apo.gateway_model is None:
+    if unread_keys(config, {"validation.sampling": ""}) and apo.gateway_model is None:
         raise ConfigError("validation.sampling", "is applied by agl's gateway, and with algorithm.name apo the agent "
                           "calls its own model (apo.gateway_model is not set), so it would be ignored: set the "
                           "sampling in the agent, or relay its calls through the gateway with apo.gateway_model")

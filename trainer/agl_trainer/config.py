@@ -532,6 +532,9 @@ APO_UNREAD = {
     "run.checkpoint_every": "the search writes apo.json after it ends, and every candidate is a resources version "
                             "on the server as it is made",
     "run.seed": "the search draws nothing at random (the optimiser's temperature is apo.optimizer.temperature)",
+    "validation.every": "every candidate is scored on the whole validation split when it is made, and there are no "
+                        "training steps to count",
+    "validation.at_start": "the initial prompt is scored first in any case",
 }
 """Keys ``algorithm.name: apo`` never reads (:func:`refuse_unread`)."""
 
@@ -545,11 +548,14 @@ def unread_keys(config: Config, unread: dict[str, str]) -> list[tuple[str, str]]
         "sft": SftConfig(), "run": RunConfig(), "credit": CreditConfig(), "air": AirConfig(), "resources": {},
         "workers": WorkersConfig(),
         "backend": BackendConfig(name=config.backend.name, model=config.backend.model) if config.backend else None,
+        "validation": ValidationConfig(path=config.validation.path) if config.validation else None,
     }
     found: list[tuple[str, str]] = []
     for key, instead in unread.items():
         section, _, name = key.partition(".")
         value, default = getattr(config, section), defaults[section]
+        if value is None:  # an optional section left out sets nothing
+            continue
         if name:
             value, default = getattr(value, name), getattr(default, name)
         if value == default:
