@@ -43,7 +43,6 @@ values of their own they become the text ``"nan"``/``"inf"`` in agl's records
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import weakref
@@ -200,27 +199,6 @@ def forget_messages() -> None:
         memo.clear()
 
 
-class _Watched(str):
-    """An entry's JSON, holding the weak references whose callbacks drop the entry (they live as long as it)."""
-
-    __slots__ = ("refs",)
-    refs: list[weakref.ref[Any]]
-
-    def __new__(cls, text: str, refs: list[weakref.ref[Any]]) -> _Watched:
-        self = super().__new__(cls, text)
-        self.refs = refs
-        return self
-
-
-def _drop_entry(memo_ref: weakref.ref[MessageMemo], key: Hashable, _gone: Any) -> None:
-    """A watched object was freed: its memo entry goes (whichever dict of entries the memo holds now)."""
-    memo = memo_ref()
-    if memo is not None:
-        text = memo.entries.pop(key, None)
-        if text is not None:
-            memo.chars = max(0, memo.chars - len(text))
-
-
 class MessageMemo:
     """JSON of already-seen messages, keyed by ``key(message)``; ``to_json(message)`` encodes one.
 
@@ -234,34 +212,18 @@ class MessageMemo:
     What it holds is one conversation's, so :func:`forget_messages` empties every memo when no
     rollout is open any more (the collector calls it): a long-running worker does not keep the
     messages of rollouts that have ended.
-
-    ``watch(message)``, where given, names the objects a key is made of by identity (the message
-    and its parts, keyed by ``id``): each entry is then dropped the moment one of them is freed
-    (a weak reference's callback, run before the object's id can be taken by another), so the key
-    need not hold them, and the memo keeps no message alive past the run that made it (a run's
-    messages would otherwise stay, with everything they hold, until the rollout ends: more work
-    for the garbage collector on every later call). An object that takes no weak reference is
-    not remembered.
     """
 
     def __init__(self, key: Callable[[Any], Hashable | None], to_json: Callable[[Any], str],
-                 max_chars: int = 8_000_000, watch: Callable[[Any], Iterable[Any]] | None = None) -> None:
+                 max_chars: int = 8_000_000) -> None:
         self.key = key
         self.to_json = to_json
         self.max_chars = max_chars
-        self.watch = watch
         self.entries: dict[Hashable, str] = {}
         self.chars = 0
         _memos.add(self)
 
-    def _store(self, entries: dict[Hashable, str], key: Hashable, message: Any, text: str) -> None:
-        if self.watch is not None:
-            drop = functools.partial(_drop_entry, weakref.ref(self), key)
-            try:
-                refs = [weakref.ref(o, drop) for o in self.watch(message)]
-            except TypeError:  # an object without weak references: not remembered
-                return
-            text = _Watched(text, refs)
+    def _store(self, entries: dict[Hashable, str], key: Hashable, text: str) -> None:
         if self.chars > self.max_chars:
             entries.clear()
             self.chars = 0
@@ -271,17 +233,6 @@ class MessageMemo:
     def clear(self) -> None:
         self.entries = {}  # a new dict: an encode() running in another thread keeps the one it holds
         self.chars = 0
-
-    def remember(self, message: Any, text: str) -> None:
-        """Keep ``text`` as the JSON of ``message`` (what ``to_json(message)`` gives), computed elsewhere.
-
-        A plugin that has just encoded a model's response for the output attribute hands its JSON over,
-        so the next call, which re-sends that response as history, does not convert it again.
-        """
-        key = self.key(message)
-        if key is None or key in self.entries:
-            return
-        self._store(self.entries, key, message, text)
 
     def encode(self, messages: Iterable[Any]) -> str:
         """The JSON list of the messages' JSON."""
@@ -296,7 +247,7 @@ class MessageMemo:
                 text = entries.get(key)
                 if text is None:
                     text = to_json(message)
-                    self._store(entries, key, message, text)
+                    self._store(entries, key, text)
             else:
                 text = to_json(message)
             if text:
@@ -313,12 +264,23 @@ _SAMPLING_PARAMS = (
 )
 
 
-def sampling_attributes(get: Callable[[str], Any], attrs: dict[str, Any]) -> None:
-    """Put the sampling parameters ``get(name)`` finds (temperature, top_p, seed, max tokens) into ``attrs``.
+_SAMPLING_NAMES = frozenset(key for key, _, _ in _SAMPLING_PARAMS)
 
-    Floats and ints become ``float`` attributes, ``seed`` and the max-token counts stay ``int``; anything
-    else (None, a bool, a string) is left out.
+
+def sampling_attributes(source: Mapping[str, Any] | Callable[[str], Any], attrs: dict[str, Any]) -> None:
+    """Put the sampling parameters ``source`` holds (temperature, top_p, seed, max tokens) into ``attrs``.
+
+    ``source`` is a mapping of a call's parameters, or a function that looks one up by name (None where
+    absent). Floats and ints become ``float`` attributes, ``seed`` and the max-token counts stay ``int``;
+    anything else (None, a bool, a string) is left out.
     """
+    get: Callable[[str], Any]
+    if type(source) is dict or isinstance(source, Mapping):
+        if source.keys().isdisjoint(_SAMPLING_NAMES):  # the usual answer: most calls set none of them
+            return
+        get = source.get
+    else:
+        get = source
     for key, name, kind in _SAMPLING_PARAMS:
         value = get(key)
         if value is None:  # the usual answer: most calls set one or two of these, or none

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
@@ -34,8 +35,6 @@ from agl_core import encoding, semconv
 from agl_core.collector import current_rollout
 
 if TYPE_CHECKING:
-    from opentelemetry.context import Context
-
     from agl_core.collector import RolloutBuffer
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -217,6 +216,16 @@ class LightTracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> LightSpan:
+        if attributes:
+            attrs = dict(attributes) if encoding.capture_content else encoding.redact(attributes)
+        else:
+            attrs = {}
+        return self.start_owned(name, kind, attrs, context, start_time)
+
+    def start_owned(self, name: str, kind: SpanKind, attrs: dict[str, Any], context: Context | None = None,
+                    start_time: int | None = None) -> LightSpan:
+        """``start_span`` with ``attrs`` handed over, not copied: a dict the caller built for this span alone,
+        content attributes already left out where content capture is off (see :func:`start_with`)."""
         current = (current_context() if context is None else context).get(_SPAN_KEY)
         if type(current) is LightSpan:  # agl's own span (the common case): no ABC check, always valid
             parent: SpanContext | None = current.context
@@ -230,10 +239,6 @@ class LightTracer(trace.Tracer):
             else:
                 parent = None
                 ctx = _span_context(_bits(128) or 1, _bits(64) or 1)
-        if attributes:
-            attrs = dict(attributes) if encoding.capture_content else encoding.redact(attributes)
-        else:
-            attrs = {}
         buffer = current_rollout.get()
         if buffer is not None:
             if buffer.closed:
@@ -260,6 +265,30 @@ class LightTracer(trace.Tracer):
         with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
                             set_status_on_exception=set_status_on_exception) as current:
             yield current
+
+
+def start_with(tracer: trace.Tracer, name: str, attrs: dict[str, Any], kind: SpanKind = SpanKind.INTERNAL) -> Any:
+    """Start a span carrying ``attrs``, a dict the caller built for this span alone (it is handed over).
+
+    On agl's light tracer the dict becomes the span's attributes as it is. On another tracer (the SDK's)
+    the span starts with the attributes a sampler looks at (:func:`encoding.sampler_attributes`) and takes
+    the rest through :func:`encoding.set_on`, which spares the SDK's per-value checks.
+    """
+    if type(tracer) is LightTracer:
+        return tracer.start_owned(name, kind, attrs if encoding.capture_content else encoding.redact(attrs))
+    span = tracer.start_span(name, kind=kind, attributes=encoding.sampler_attributes(attrs))
+    encoding.set_on(span, attrs)
+    return span
+
+
+def context_with(span: trace.Span) -> Context:
+    """``trace.set_span_in_context(span)``: the current context with ``span`` as its span, built in one step
+    under the API's default runtime context (hooks make one for every model call, tool call and agent run)."""
+    if _context_var is not None and otel_context._RUNTIME_CONTEXT is _runtime:
+        values = dict(_context_var.get())
+        values[_SPAN_KEY] = span
+        return Context(values)
+    return trace.set_span_in_context(span)
 
 
 def agent_scope(span: trace.Span | None) -> str | None:

@@ -2,13 +2,15 @@
 
 A Pydantic AI ``Model`` is handed the run's history as ``ModelRequest`` and
 ``ModelResponse`` messages made of parts; transitions carry OpenAI chat
-messages, so :func:`input_messages` converts them the way Pydantic AI's own
-OpenAI chat model puts them on the wire: system prompts first, then the run's
-instructions (the newest request's ``instructions``) as a system message, user
-prompts, tool returns and tool retries as ``tool`` messages (a retry not bound
-to a tool call as a user message), and each response as one assistant message
-with its text, tool calls (output tools included: they are what the model
-called) and thinking as ``reasoning_content``. Parts are told apart by their
+messages, so the messages are converted the way Pydantic AI's own OpenAI chat
+model puts them on the wire (:func:`input_messages` gives that chat form): system
+prompts first, then the run's instructions (the newest request's
+``instructions``) as a system message, user prompts, tool returns and tool
+retries as ``tool`` messages (a retry not bound to a tool call as a user
+message), and each response as one assistant message with its text, tool calls
+(output tools included: they are what the model called) and thinking as
+``reasoning_content``. The spans hold them in the GenAI conventions' parts format,
+built straight from the parts (:func:`genai_input`). Parts are told apart by their
 ``part_kind`` string, which Pydantic AI keeps stable across releases; a part of
 a kind chat has no equivalent of (a native tool's call, an instruction delta, a
 compaction marker) is left out rather than guessed.
@@ -23,16 +25,19 @@ Everything here runs on the call's hot path: the attributes every call of one
 model class and name shares are built once, tool definitions once per
 ``ToolDefinition`` (and their JSON once per set of tools), and a message already
 encoded on an earlier call of the run is not converted again (the agent re-sends
-the whole history on every call, holding the same message objects).
+the whole history on every call, holding the same message objects: see
+:class:`RunMemo`; a model called directly, outside any agent run or graph node,
+encodes its whole history on each call).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from agl_core import messages as chat
 from agl_core import semconv
-from agl_core.encoding import MessageMemo, dumps, sampling_attributes, span_text
+from agl_core.encoding import dumps, sampling_attributes, span_text
 from agl_core.messages import to_genai
 
 Attributes = dict[str, Any]
@@ -88,7 +93,14 @@ def _static(model: Any) -> Attributes:
     return attrs
 
 
-# --------------------------------------------------------------------------- messages -> chat messages
+# --------------------------------------------------------------------------- messages -> conventions messages
+
+
+def _text(role: str, content: Any) -> Message:
+    """A message of one text part (the conventions' form of ``{"role": role, "content": content}``)."""
+    if type(content) is str:
+        return {"role": role, "parts": [{"type": "text", "content": content}]}
+    return to_genai({"role": role, "content": content})
 
 
 def _user_content(content: Any) -> Any:
@@ -121,33 +133,30 @@ def _retry_text(part: Any) -> str:
     return str(getattr(part, "content", ""))
 
 
+def _tool_result(call_id: Any, content: Any) -> Message:
+    return {"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": content}]}
+
+
 def _request_messages(request: Any) -> list[Message]:
-    """The chat messages one ``ModelRequest``'s parts become, in order."""
+    """The messages one ``ModelRequest``'s parts become, in order."""
     out: list[Message] = []
     for part in request.parts:
         kind = getattr(part, "part_kind", None)
         if kind == "system-prompt":
-            out.append({"role": "system", "content": part.content})
+            out.append(_text("system", part.content))
         elif kind == "user-prompt":
-            out.append({"role": "user", "content": _user_content(part.content)})
+            content = part.content
+            out.append(_text("user", content if isinstance(content, str) else _user_content(content)))
         elif kind == "tool-return":
-            out.append({"role": "tool", "tool_call_id": part.tool_call_id, "content": part.model_response_str()})
+            out.append(_tool_result(part.tool_call_id, part.model_response_str()))
         elif kind in ("retry-prompt", "retry-feedback"):
             call_id = getattr(part, "tool_call_id", None) if getattr(part, "tool_name", None) else None
-            if call_id:
-                out.append({"role": "tool", "tool_call_id": call_id, "content": _retry_text(part)})
-            else:
-                out.append({"role": "user", "content": _retry_text(part)})
+            out.append(_tool_result(call_id, _retry_text(part)) if call_id else _text("user", _retry_text(part)))
     return out
 
 
-def _tool_call(part: Any) -> dict[str, Any]:
-    return {"id": part.tool_call_id, "type": "function",
-            "function": {"name": part.tool_name, "arguments": part.args_as_json_str()}}
-
-
 def response_message(response: Any) -> Message:
-    """A ``ModelResponse`` as one OpenAI assistant message: text, tool calls (output tools too), reasoning."""
+    """A ``ModelResponse`` as one assistant message: its reasoning, its text, its tool calls (output tools too)."""
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -157,16 +166,16 @@ def response_message(response: Any) -> Message:
             if part.content:
                 texts.append(part.content)
         elif kind == "tool-call":
-            calls.append(_tool_call(part))
+            calls.append({"type": "tool_call", "id": part.tool_call_id, "name": part.tool_name,
+                          "arguments": part.args_as_json_str()})
         elif kind == "thinking":
             if part.content:
                 thoughts.append(part.content)
-    message: Message = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if calls:
-        message["tool_calls"] = calls
-    if thoughts:
-        message["reasoning_content"] = "\n".join(thoughts)
-    return message
+    parts: list[dict[str, Any]] = [{"type": "reasoning", "content": "\n".join(thoughts)}] if thoughts else []
+    if texts:
+        parts.append({"type": "text", "content": "".join(texts)})
+    parts.extend(calls)
+    return {"role": "assistant", "parts": parts}
 
 
 def _message(message: Any) -> list[Message]:
@@ -184,79 +193,117 @@ def _instructions(messages: list[Any]) -> str | None:
     return None
 
 
-def input_messages(messages: Any) -> list[Message]:
-    """The chat messages a model request was given: the history's messages, instructions after the system prompts."""
+def _with_instructions(messages: list[Message], instructions: str) -> list[Message]:
+    """``messages`` with the instructions as a system message after the system prompts that lead them."""
+    at = 0
+    while at < len(messages) and messages[at]["role"] == "system":
+        at += 1
+    messages.insert(at, _text("system", instructions))
+    return messages
+
+
+def genai_input(messages: Any) -> list[Message]:
+    """The messages a model request was given, in the conventions' parts format: the history's messages,
+    the run's instructions after the system prompts that lead them."""
     history = list(messages or ())
     out: list[Message] = []
     for message in history:
         out.extend(_message(message))
     instructions = _instructions(history)
-    if instructions is not None:
-        at = 0
-        while at < len(out) and out[at]["role"] == "system":
-            at += 1
-        out.insert(at, {"role": "system", "content": instructions})
-    return out
+    return out if instructions is None else _with_instructions(out, instructions)
 
 
-def _memo_key(message: Any) -> Hashable | None:
-    """The same message object with the same parts (a run re-sends its history, holding the same objects).
+def input_messages(messages: Any) -> list[Message]:
+    """The chat messages a model request was given, as Pydantic AI's OpenAI chat model puts them on the wire."""
+    return chat.many_from_genai(genai_input(messages))
 
-    The key is their ids; the memo watches the objects themselves (``_watched``) and drops the entry when
-    one of them is freed, so an id in a live key is always the object it was taken from.
+
+class RunMemo:
+    """The JSON of the messages one agent run has encoded, kept for the rest of that run.
+
+    An agent re-sends its whole history on every model request, holding the same message objects, so
+    without this each request would convert and encode every earlier message again: quadratic in the
+    length of a run. An entry is the message, its parts when it was encoded and their JSON; it answers
+    only for the same message object with the same parts (a list edited since is encoded again). The
+    memo holds the messages it answers for, so their ids stay theirs; it lives as long as the run's
+    scope (the plugin keeps one per agent run, dropped when the run ends), so it keeps no message past
+    the run that holds it anyway. ``first`` holds the run's first request with the instructions
+    spliced in (see :func:`input_messages_json`), keyed by the message and the instructions.
     """
-    parts = getattr(message, "parts", None)
-    if not isinstance(parts, (list, tuple)):
-        return None
-    return (id(message), *map(id, parts))
 
+    __slots__ = ("messages", "first")
 
-def _watched(message: Any) -> tuple[Any, ...]:
-    return (message, *message.parts)
+    def __init__(self) -> None:
+        self.messages: dict[int, tuple[Any, tuple[Any, ...], str]] = {}
+        self.first: dict[int, tuple[Any, tuple[Any, ...], str, str]] = {}
+
+    def json(self, message: Any) -> str:
+        """``_message_json(message)``, from the memo when this run has encoded it already."""
+        parts = getattr(message, "parts", None)
+        if not isinstance(parts, (list, tuple)):
+            return _message_json(message)
+        hit = self.messages.get(id(message))
+        snapshot = tuple(parts)
+        if hit is not None and hit[0] is message and hit[1] == snapshot:
+            return hit[2]
+        text = _message_json(message)
+        self.messages[id(message)] = (message, snapshot, text)
+        return text
+
+    def remember(self, message: Any, text: str) -> None:
+        """Keep ``text`` as the JSON of ``message`` (what ``_message_json(message)`` gives), computed elsewhere.
+
+        The response's output attribute is made from it, and the next request re-sends the response as
+        history: it is not converted again then.
+        """
+        parts = getattr(message, "parts", None)
+        if isinstance(parts, (list, tuple)) and id(message) not in self.messages:
+            self.messages[id(message)] = (message, tuple(parts), text)
+
+    def first_json(self, first: Any, instructions: str) -> str:
+        """``_first_json(first, instructions)``, from the memo when this run has encoded it already."""
+        parts = first.parts
+        hit = self.first.get(id(first))
+        snapshot = tuple(parts)
+        if hit is not None and hit[0] is first and hit[3] == instructions and hit[1] == snapshot:
+            return hit[2]
+        text = _first_json(first, instructions)
+        self.first[id(first)] = (first, snapshot, text, instructions)
+        return text
 
 
 def _message_json(message: Any) -> str:
-    return ",".join(dumps(to_genai(m)) for m in _message(message))
+    """The JSON of the messages ``message`` becomes, without the list's brackets ("" for none)."""
+    return dumps(_message(message))[1:-1]
 
 
-_memo = MessageMemo(_memo_key, _message_json, watch=_watched)
+def _first_json(first: Any, instructions: str) -> str:
+    """The run's first request with the instructions after its system prompts, as ``genai_input`` puts them."""
+    return dumps(_with_instructions(_message(first), instructions))[1:-1]
 
 
-def _first_key(first: tuple[Any, str]) -> Hashable | None:
-    key = _memo_key(first[0])
-    return None if key is None else (key, first[1])
+def _listed(texts: Iterable[str]) -> str:
+    return "[" + ",".join(filter(None, texts)) + "]"  # an empty text stands for no messages
 
 
-def _first_json(first: tuple[Any, str]) -> str:
-    """The run's first request with the instructions after its system prompts, as ``input_messages`` puts them."""
-    head = _message(first[0])
-    at = 0
-    while at < len(head) and head[at]["role"] == "system":
-        at += 1
-    head.insert(at, {"role": "system", "content": first[1]})
-    return ",".join(dumps(to_genai(m)) for m in head)
-
-
-_first_memo = MessageMemo(_first_key, _first_json, watch=lambda first: _watched(first[0]))
-
-
-def input_messages_json(messages: Any) -> str:
-    """``gen_ai.input.messages``: the same JSON as ``dumps(many_to_genai(input_messages(messages)))``.
+def input_messages_json(messages: Any, memo: RunMemo | None = None) -> str:
+    """``gen_ai.input.messages``: the same JSON as ``dumps(genai_input(messages))``.
 
     The instructions go after the system prompts, which Pydantic AI puts in the run's first request:
-    that request is encoded with them (and remembered with them), every later message on its own.
+    that request is encoded with them, every later message on its own; with the run's ``memo``, a
+    message the run has encoded already is not encoded again.
     """
     history = list(messages or ())
+    encode = _message_json if memo is None else memo.json
     instructions = _instructions(history)
     if instructions is None or not history:
-        return _memo.encode(history)
+        return _listed(map(encode, history))
     first = history[0]
-    if getattr(first, "kind", None) != "request" or all(
-            getattr(p, "part_kind", None) == "system-prompt" for p in first.parts):
-        return dumps([to_genai(m) for m in input_messages(history)])  # later system prompts may lead as well
-    head = _first_memo.encode(((first, instructions),))
-    rest = _memo.encode(history[1:])
-    return head if rest == "[]" else f"{head[:-1]},{rest[1:]}"
+    if (getattr(first, "kind", None) != "request" or not isinstance(getattr(first, "parts", None), (list, tuple))
+            or all(getattr(p, "part_kind", None) == "system-prompt" for p in first.parts)):
+        return dumps(genai_input(history))  # later system prompts may lead as well
+    head = _first_json(first, instructions) if memo is None else memo.first_json(first, instructions)
+    return _listed((head, *map(encode, history[1:])))
 
 
 # --------------------------------------------------------------------------- tools offered
@@ -270,8 +317,8 @@ def _tool_definition(tool: Any) -> dict[str, Any]:
 
     Pydantic AI builds a new ``ToolDefinition`` for every model request (its toolsets prepare the tools per
     step) around the same JSON-schema dict, made once with the tool: so the key is the definition's name and
-    description and the schema object's id (the schema is held, so its id stays its own), and the tools' JSON
-    below is encoded once per set of tools instead of once per request.
+    description and the schema object's id (the entry holds the schema, so no other object has that id while
+    the entry is there), and the tools' JSON below is encoded once per set of tools instead of once per request.
     """
     description = getattr(tool, "description", None) or ""
     schema = getattr(tool, "parameters_json_schema", None) or {}
@@ -281,7 +328,7 @@ def _tool_definition(tool: Any) -> dict[str, Any]:
         hit = _tool_defs.get(key)
     except TypeError:  # a name or description that is no string (unhashable): not cached
         return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
-    if hit is not None and hit[0] is schema:
+    if hit is not None:
         return hit[1]
     definition = {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
     if len(_tool_defs) >= 1024:
@@ -300,8 +347,8 @@ def tool_definitions_json(params: Any) -> str | None:
         return None
     defs = [_tool_definition(t) for t in tools]
     key = tuple(map(id, defs))
-    hit = _tools_json.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], defs, strict=True)):
+    hit = _tools_json.get(key)  # the entry holds the definitions: ids in its key are theirs
+    if hit is not None:
         return hit[1]
     text = dumps(defs)
     if len(_tools_json) >= 256:
@@ -313,13 +360,14 @@ def tool_definitions_json(params: Any) -> str | None:
 # --------------------------------------------------------------------------- requests and responses
 
 
-def request_attributes(model: Any, messages: Any, settings: Any, params: Any, stream: bool) -> Attributes:
-    """The chat span's start attributes for one ``Model.request`` / ``request_stream`` call."""
+def request_attributes(model: Any, messages: Any, settings: Any, params: Any, stream: bool,
+                       memo: RunMemo | None = None) -> Attributes:
+    """The chat span's start attributes for one ``Model.request`` / ``request_stream`` call (``memo``: the run's)."""
     attrs = dict(_static(model))
     attrs[semconv.GEN_AI_REQUEST_STREAM] = stream
     if isinstance(settings, Mapping):
-        sampling_attributes(settings.get, attrs)
-    attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages)
+        sampling_attributes(settings, attrs)
+    attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages, memo)
     tools = tool_definitions_json(params)
     if tools is not None:
         attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = tools
@@ -330,15 +378,16 @@ _FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter
            "error": "error"}
 
 
-def _finish_reason(response: Any, message: Message) -> str | None:
+def _finish_reason(response: Any) -> str | None:
     reason = getattr(response, "finish_reason", None)
     if isinstance(reason, str):
         return _FINISH.get(reason, reason)
     return None
 
 
-def response_attributes(response: Any, request_model: str | None) -> Attributes:
-    """The chat span's end attributes from a ``ModelResponse`` (what ``request`` returns, or a stream's ``get()``)."""
+def response_attributes(response: Any, request_model: str | None, memo: RunMemo | None = None) -> Attributes:
+    """The chat span's end attributes from a ``ModelResponse`` (what ``request`` returns, or a stream's ``get()``);
+    its history JSON is kept in the run's ``memo`` for the next request, which re-sends it."""
     attrs: Attributes = {}
     name = _text_attr(response, "model_name") or request_model
     if name is not None:
@@ -347,21 +396,21 @@ def response_attributes(response: Any, request_model: str | None) -> Attributes:
     if response_id is not None:
         attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
     usage = getattr(response, "usage", None)
-    for key, attr in (("input_tokens", semconv.GEN_AI_USAGE_INPUT_TOKENS),
-                      ("output_tokens", semconv.GEN_AI_USAGE_OUTPUT_TOKENS)):
-        value = getattr(usage, key, None)
-        if type(value) is int:
-            attrs[attr] = value
-    message = response_message(response)
-    reason = _finish_reason(response, message)
-    text = dumps(to_genai(message))
-    # the same JSON as dumps([to_genai(message, reason)]): the finish reason is the message's last key
+    tokens = getattr(usage, "input_tokens", None)
+    if type(tokens) is int:
+        attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = tokens
+    tokens = getattr(usage, "output_tokens", None)
+    if type(tokens) is int:
+        attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = tokens
+    reason = _finish_reason(response)
+    text = dumps(response_message(response))
+    # the same JSON as dumps([{**response_message(response), "finish_reason": reason}]), its last key
     attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = (f"[{text[:-1]},\"finish_reason\":{dumps(reason)}}}]"
                                              if reason is not None else f"[{text}]")
-    if getattr(response, "kind", None) == "response":
+    if memo is not None and getattr(response, "kind", None) == "response":
         # the next request re-sends this response as history, and its JSON there is this one without the
         # finish reason (``_message_json``): remembered now rather than converted again then
-        _memo.remember(response, text)
+        memo.remember(response, text)
     if reason is not None:
         attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (reason,)
     return attrs

@@ -72,10 +72,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_core import collector, semconv
-from agl_core.encoding import sampler_attributes, set_on
+from agl_core.encoding import set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
-from agl_core.tracer import attach_context, detach_context
+from agl_core.tracer import attach_context, context_with, detach_context, start_with
 from agl_pydantic_ai import attributes
 
 TESTED = "pydantic-ai-slim >= 2.60, < 3"
@@ -83,10 +83,8 @@ TESTED = "pydantic-ai-slim >= 2.60, < 3"
 
 _TRACEPARENT = "traceparent"
 
-_agent: ContextVar[str | None] = ContextVar("agl_pydantic_ai_agent", default=None)
-"""The agent (or graph node) whose code is running now."""
-_agent_obj: ContextVar[Any] = ContextVar("agl_pydantic_ai_agent_obj", default=None)
-"""The ``Agent`` whose run is current: an agent subclass calling ``super().iter`` makes one span."""
+_scope: ContextVar[_Scope | None] = ContextVar("agl_pydantic_ai_scope", default=None)
+"""The agent run (or graph node) whose code is running now (one variable: the framework copies every one set)."""
 _in_llm: ContextVar[bool] = ContextVar("agl_pydantic_ai_in_llm", default=False)
 """True while a traced model call runs: a model called inside another one is not traced again."""
 
@@ -216,22 +214,27 @@ def _with_traceparent(settings: Any, span: trace.Span) -> Any:
 _ARG_NAMES = ("messages", "model_settings", "model_request_parameters")
 
 
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> Any:
-    return args[index] if len(args) > index else kwargs.get(_ARG_NAMES[index])
+def _request_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """``(messages, model_settings, model_request_parameters)`` of a model call, passed by position or by name."""
+    if len(args) == 3:  # how Pydantic AI calls a model
+        return args  # type: ignore[return-value]
+    given = (*args, *(kwargs.get(name) for name in _ARG_NAMES[len(args):]))
+    return given[0], given[1], given[2]
 
 
 class _Call:
     """One model call in flight: its span, the context that makes it current, and the arguments to pass on."""
 
-    __slots__ = ("span", "context", "args", "kwargs", "model_name")
+    __slots__ = ("span", "context", "args", "kwargs", "model_name", "memo")
 
     def __init__(self, span: trace.Span, context: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 model_name: str | None) -> None:
+                 model_name: str | None, memo: attributes.RunMemo | None) -> None:
         self.span = span
         self.context = context
         self.args = args
         self.kwargs = kwargs
         self.model_name = model_name
+        self.memo = memo
 
     def enter(self) -> tuple[Any, Token[bool]]:
         return _attach(self.context, "pydantic_ai.attach"), _in_llm.set(True)
@@ -243,7 +246,7 @@ class _Call:
 
     def end(self, response: Any) -> None:
         try:
-            set_on(self.span, attributes.response_attributes(response, self.model_name))
+            set_on(self.span, attributes.response_attributes(response, self.model_name, self.memo))
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("pydantic_ai.model_response", exc)
         self.span.end()
@@ -252,7 +255,7 @@ class _Call:
         """Record what the stream delivered; a stream that stopped before the model finished is a failed call."""
         try:
             response = stream.get()
-            set_on(self.span, attributes.response_attributes(response, self.model_name))
+            set_on(self.span, attributes.response_attributes(response, self.model_name, self.memo))
             if attributes.unfinished(response):
                 self.span.set_attribute(semconv.ERROR_TYPE, "StreamClosedUnfinished")
                 self.span.set_status(Status(StatusCode.ERROR, "the stream was closed before the model finished"))
@@ -277,23 +280,22 @@ class _Plugin:
             return None
         span = None
         try:
-            attrs = attributes.request_attributes(model, _arg(args, kwargs, 0), _arg(args, kwargs, 1),
-                                                  _arg(args, kwargs, 2), stream)
-            agent = _agent.get()
-            if agent:
-                attrs[semconv.GEN_AI_AGENT_NAME] = agent
+            scope = _scope.get()
+            memo = scope.memo if scope is not None else None
+            messages, settings, params = _request_args(args, kwargs)
+            attrs = attributes.request_attributes(model, messages, settings, params, stream, memo)
+            if scope is not None and scope.name:
+                attrs[semconv.GEN_AI_AGENT_NAME] = scope.name
             name = attrs.get(semconv.GEN_AI_REQUEST_MODEL)
-            span = collector.tracer().start_span(semconv.chat_span_name(name), kind=SpanKind.CLIENT,
-                                                 attributes=sampler_attributes(attrs))
-            set_on(span, attrs)
+            span = start_with(collector.tracer(), semconv.chat_span_name(name), attrs, SpanKind.CLIENT)
             if self.framework.openai_models and isinstance(model, self.framework.openai_models) \
                     and "extra_headers" not in (getattr(model, "unsupported_settings", None) or ()):
-                settings = _with_traceparent(_arg(args, kwargs, 1), span)
+                settings = _with_traceparent(settings, span)
                 if len(args) > 1:
                     args = (args[0], settings, *args[2:])
                 else:
                     kwargs = {**kwargs, "model_settings": settings}
-            return _Call(span, trace.set_span_in_context(span), args, kwargs, name)
+            return _Call(span, context_with(span), args, kwargs, name, memo)
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("pydantic_ai.model_request", exc)
             if span is not None:
@@ -356,29 +358,35 @@ class _StreamCall:
 
 
 class _Scope:
-    """An agent run (or a graph node) as an ``invoke_agent`` span, current with its name while it runs."""
+    """An agent run (or a graph node) as an ``invoke_agent`` span, current (with itself as ``_scope``) while it runs.
 
-    __slots__ = ("span", "tokens")
+    It carries what the model and tool calls in it read: the agent's (or node's) name, the ``Agent`` (an agent
+    subclass calling ``super().iter`` makes one span; None for a node) and the JSON of the messages the run has
+    encoded (:class:`attributes.RunMemo`), which goes with the scope when the run ends.
+    """
+
+    __slots__ = ("span", "name", "agent", "memo", "tokens")
 
     def __init__(self) -> None:
         self.span: trace.Span | None = None
-        self.tokens: tuple[Any, Token[str | None], Token[Any]] | None = None
+        self.name: str | None = None
+        self.agent: Any = None
+        self.memo: attributes.RunMemo | None = None
+        self.tokens: tuple[Any, Token[_Scope | None]] | None = None
 
     def open(self, name: str, attrs: dict[str, Any], agent: Any) -> None:
         try:
-            span = collector.tracer().start_span(semconv.agent_span_name(name), attributes=attrs)
-            self.span = span
-            self.tokens = (_attach(trace.set_span_in_context(span), "pydantic_ai.agent_start"), _agent.set(name),
-                           _agent_obj.set(agent))
+            span = start_with(collector.tracer(), semconv.agent_span_name(name), attrs)
+            self.span, self.name, self.agent, self.memo = span, name, agent, attributes.RunMemo()
+            self.tokens = (_attach(context_with(span), "pydantic_ai.agent_start"), _scope.set(self))
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("pydantic_ai.agent_start", exc)
 
     def close(self, exc: BaseException | None) -> None:
         tokens, span = self.tokens, self.span
-        self.tokens = self.span = None
+        self.tokens = self.span = self.memo = None
         if tokens is not None:
-            _reset(_agent_obj, tokens[2], None)
-            _reset(_agent, tokens[1], None)
+            _reset(_scope, tokens[1], None)
             _detach(tokens[0], "pydantic_ai.agent_detach")
         if span is not None:
             if exc is not None:
@@ -398,7 +406,8 @@ class _AgentRun:
         self.scope = _Scope()
 
     async def __aenter__(self) -> Any:
-        if _agent_obj.get() is not self.agent:  # an Agent subclass calling super().iter(): one span
+        outer = _scope.get()
+        if outer is None or outer.agent is not self.agent:  # an Agent subclass calling super().iter(): one span
             try:
                 name = attributes.agent_name(self.agent)
                 self.scope.open(name, attributes.agent_attributes(name), self.agent)
@@ -463,7 +472,7 @@ class _ToolRun:
 
     def __init__(self, span: trace.Span) -> None:
         self.span = span
-        self.token = _attach(trace.set_span_in_context(span), "pydantic_ai.tool_start")
+        self.token = _attach(context_with(span), "pydantic_ai.tool_start")
 
     def ok(self, result: Any) -> None:
         _detach(self.token, "pydantic_ai.tool_detach")
@@ -498,9 +507,9 @@ def end_failed(span: trace.Span, exc: BaseException, framework: _Framework) -> N
 
 def _start_tool(call: Any, kind: str) -> _ToolRun | None:
     try:
-        attrs = attributes.tool_start_attributes(call, kind, _agent.get())
-        span = collector.tracer().start_span(semconv.tool_span_name(attrs.get(semconv.GEN_AI_TOOL_NAME)),
-                                             attributes=attrs)
+        scope = _scope.get()
+        attrs = attributes.tool_start_attributes(call, kind, scope.name if scope is not None else None)
+        span = start_with(collector.tracer(), semconv.tool_span_name(attrs.get(semconv.GEN_AI_TOOL_NAME)), attrs)
         return _ToolRun(span)
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("pydantic_ai.tool_start", exc)

@@ -152,36 +152,3 @@ def test_traced_memory_stays_flat_over_many_rollouts(client: openai.OpenAI, tmp_
         f"top growth:\n{top}"
     )
     assert collector._open == {}
-
-
-def test_a_watching_memo_keeps_no_message_alive_and_never_answers_for_a_freed_one() -> None:
-    """A memo keyed by ids with ``watch``: an entry goes the moment its message is freed, so a message is not
-    kept past its run, and a new message that takes a freed one's id is encoded afresh."""
-    import gc
-    import weakref
-
-    from agl_core.encoding import MessageMemo
-
-    class Msg:
-        def __init__(self, text: str) -> None:
-            self.text = text
-
-    encoded: list[str] = []
-
-    def to_json(m: Msg) -> str:
-        encoded.append(m.text)
-        return f'"{m.text}"'
-
-    memo = MessageMemo(lambda m: (id(m),), to_json, watch=lambda m: (m,))
-    first, second = Msg("a"), Msg("b")
-    assert memo.encode([first, second]) == '["a","b"]' and memo.encode([first, second]) == '["a","b"]'
-    assert encoded == ["a", "b"] and len(memo.entries) == 2
-    alive = weakref.ref(first)
-    del first
-    gc.collect()
-    assert alive() is None and len(memo.entries) == 1  # the memo did not hold it, and its entry went with it
-    for n in range(200):  # new objects, some of which take the freed ids: never an old answer
-        fresh = Msg(f"n{n}")
-        assert memo.encode([fresh]) == f'["n{n}"]'
-        del fresh
-    assert len(memo.entries) == 1 and memo.chars == len('"b"')

@@ -40,7 +40,8 @@ from agl_pydantic_ai import instrumentor as plugin_instrumentor
 from .fakes import chat_model
 
 FAULTS = hook_faults(attributes, plugin_instrumentor)
-NOT_ON_PATH: set[str] = set()
+NOT_ON_PATH = {"agl_pydantic_ai.attributes.input_messages"}  # the chat form, for users: hooks record another
+
 
 
 class Answer(BaseModel):
@@ -111,7 +112,7 @@ def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
         out.append((await _weather(srv).run(f"Weather in Oslo? ({uuid.uuid4()})")).output)
         async with _weather(srv).run_stream("Weather in Oslo?") as result:
             out.append(await result.get_output())
-        out.append((await lead.run("Ask the helper.")).output)
+        out.append((await lead.run(["Ask the helper."])).output)  # a prompt of parts
         out.append(await graph.run(inputs=Ask("Anything?")))
 
     with agl.rollout("fail-open") as run:

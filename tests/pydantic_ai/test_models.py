@@ -231,46 +231,107 @@ def test_the_test_models_and_direct_requests_are_captured_and_their_settings_lef
     assert traj.transitions[1].prompt[-1] == {"role": "tool", "tool_call_id": "a1", "content": "3"}
 
 
+@pytest.mark.filterwarnings("ignore:`RetryPromptPart` is deprecated")  # still in stored histories
 def test_the_memoised_input_json_is_the_plain_conversion() -> None:
-    """``input_messages_json`` (memo, instructions spliced in) says exactly what converting every message says."""
+    """``input_messages_json`` (the run's memo, instructions spliced in) says exactly what converting every
+    message says, and the conversion says what Pydantic AI's OpenAI chat model puts on the wire."""
     import json
 
-    from pydantic_ai.messages import SystemPromptPart, ToolReturnPart, UserPromptPart
+    from pydantic_ai.messages import RetryPromptPart, SystemPromptPart, ThinkingPart, ToolReturnPart, UserPromptPart
 
-    from agl_core.messages import many_to_genai
     from agl_pydantic_ai import attributes
 
     first = ModelRequest(parts=[SystemPromptPart("sys"), UserPromptPart("hi")], instructions="Be brief.")
-    call = ModelResponse(parts=[ToolCallPart("f", {"x": 1}, tool_call_id="c1")])
-    back = ModelRequest(parts=[ToolReturnPart("f", "1", tool_call_id="c1")], instructions="Be brief.")
+    call = ModelResponse(parts=[ThinkingPart("hmm"), TextPart("a"), TextPart("b"),
+                                ToolCallPart("f", {"x": 1}, tool_call_id="c1")])
+    back = ModelRequest(parts=[ToolReturnPart("f", "1", tool_call_id="c1"),
+                               RetryPromptPart("bad", tool_name="f", tool_call_id="c2"), RetryPromptPart("again")],
+                        instructions="Be brief.")
     only_system = ModelRequest(parts=[SystemPromptPart("sys")], instructions="Be brief.")
+    memo = attributes.RunMemo()
     for history in ([first], [first, call, back], [first, call, back, call, back], [only_system, back], [call],
-                    [ModelRequest(parts=[UserPromptPart("x")])]):
+                    [ModelRequest(parts=[UserPromptPart("x")])], []):
         for _ in range(2):  # the second time from the memo
-            got = json.loads(attributes.input_messages_json(history))
-            assert got == many_to_genai(attributes.input_messages(history)), history
-    assert attributes.input_messages([first, call, back])[:3] == [
+            plain = json.loads(attributes.input_messages_json(history))
+            assert json.loads(attributes.input_messages_json(history, memo)) == plain, history
+            assert plain == attributes.genai_input(history)
+    assert attributes.input_messages([first, call, back]) == [
         {"role": "system", "content": "sys"}, {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "hi"}]
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "reasoning_content": "hmm", "content": "ab", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x":1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "tool", "tool_call_id": "c2", "content": RetryPromptPart("bad", tool_name="f").model_response()},
+        {"role": "user", "content": RetryPromptPart("again").model_response()}]
+    call.parts.append(TextPart("c"))  # an edited message is encoded again, never answered from the memo
+    assert json.loads(attributes.input_messages_json([call], memo))[0]["parts"][1] == {"type": "text",
+                                                                                       "content": "abc"}
+
+
+def test_the_runs_memo_answers_within_its_run_and_keeps_no_message_past_it() -> None:
+    """The JSON memo lives with its agent run: the second request's history is answered from it, the same
+    JSON the plain conversion gives, and once the run is over agl holds none of the run's messages."""
+    import gc
+    import weakref
+
+    from agl_pydantic_ai import attributes
+
+    converted: list[Any] = []
+    plain = attributes._message_json
+
+    def counting(message: Any) -> str:
+        converted.append(message)
+        return plain(message)
+
+    def reply(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("add", {"a": 1, "b": 2}, tool_call_id="a1")])
+        return ModelResponse(parts=[TextPart("3")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(reply), name="adder", instructions="Add.")
+
+    @agent.tool_plain
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    attributes._message_json = counting
+    try:
+        with agl.rollout(task_id="memo") as run:
+            result = agent.run_sync("1+2?")
+            history = result.all_messages()
+            refs = [weakref.ref(m) for m in history]
+            del result
+    finally:
+        attributes._message_json = plain
+    second = spans(run, semconv.OP_CHAT)[1]
+    assert second.attributes[semconv.GEN_AI_INPUT_MESSAGES] == json.dumps(
+        attributes.genai_input(history[:3]), ensure_ascii=False, separators=(",", ":"))
+    # the first request is encoded once (with the instructions), the first response never (its output JSON
+    # is remembered): the second request converts only the tool's return
+    assert converted == [history[2]]
+    del history, converted[:]
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
 
 
 def test_a_responses_output_json_and_its_remembered_history_json_are_the_plain_conversions() -> None:
     """The output JSON is derived from the history JSON (the finish reason spliced in), and the history JSON is
-    remembered for the next request: both say, byte for byte, what converting the message says."""
+    remembered in the run's memo for the next request: both say, byte for byte, what converting the message says."""
     from pydantic_ai.messages import ThinkingPart
 
     from agl_core.encoding import dumps
-    from agl_core.messages import to_genai
     from agl_pydantic_ai import attributes
 
+    memo = attributes.RunMemo()
     for response in (ModelResponse(parts=[ToolCallPart("f", {"x": 1}, tool_call_id="c1")], finish_reason="tool_call"),
                      ModelResponse(parts=[ThinkingPart("hmm"), TextPart("done"), ToolCallPart("g", "{}", "c2")]),
                      ModelResponse(parts=[TextPart("a"), TextPart("b")], finish_reason="length")):
-        attrs = attributes.response_attributes(response, "m")
+        attrs = attributes.response_attributes(response, "m", memo)
         message = attributes.response_message(response)
-        reason = attributes._finish_reason(response, message)
-        assert attrs[semconv.GEN_AI_OUTPUT_MESSAGES] == dumps([to_genai(message, reason)])
-        assert attributes._memo.entries[attributes._memo_key(response)] == attributes._message_json(response)
+        reason = attributes._finish_reason(response)
+        assert attrs[semconv.GEN_AI_OUTPUT_MESSAGES] == dumps([{**message, "finish_reason": reason}
+                                                               if reason else message])
+        assert memo.messages[id(response)][2] == attributes._message_json(response) == dumps(message)
 
 
 def test_tool_definitions_are_encoded_once_per_schema_not_per_request() -> None:
