@@ -197,12 +197,24 @@ def input_messages_json(messages: Any, instructions: Any = None) -> str:
 
 def output_message(response: Any) -> dict[str, Any]:
     """A ``ChatResponse`` as the one OpenAI assistant message it stands for."""
-    contents = [c for m in response.messages if str(m.role) == "assistant" for c in m.contents]
-    out: dict[str, Any] = {"role": "assistant", "content": _text_of(contents)}
-    reasoning = "".join(c.text for c in contents if c.type == "text_reasoning" and c.text)
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for m in response.messages:  # one pass over the contents: this runs once per model request
+        if str(m.role) != "assistant":
+            continue
+        for c in m.contents:
+            kind = c.type
+            if kind == "text":
+                if c.text:
+                    texts.append(c.text)
+            elif kind == "function_call":
+                calls.append(_tool_call(c))
+            elif kind == "text_reasoning" and c.text:
+                reasoning.append(c.text)
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
     if reasoning:
-        out["reasoning_content"] = reasoning
-    calls = [_tool_call(c) for c in contents if c.type == "function_call"]
+        out["reasoning_content"] = "".join(reasoning)
     if calls:
         out["tool_calls"] = calls
     return out
@@ -266,7 +278,7 @@ def request_attributes(client: Any, options: Any, client_kwargs: Any, stream: bo
     if model is not None:
         attrs[semconv.GEN_AI_REQUEST_MODEL] = model
     if opts:
-        sampling_attributes(opts.get, attrs)
+        sampling_attributes(opts, attrs)
         if opts.get("response_format") is not None:
             attrs[semconv.GEN_AI_OUTPUT_TYPE] = "json"
     if agent:
@@ -295,13 +307,13 @@ def _tool_definitions_json(tools: Sequence[Any]) -> str:
 
     A ``FunctionTool``'s schema is fixed when it is made; a dict can be edited in place, so dicts are never cached.
     """
+    key = tuple(map(id, tools))
+    hit = _tool_json.get(key)
+    if hit is not None:  # the entry holds its tools, so these ids are still theirs: the same objects, no dict
+        return hit[1]
     held = tuple(tools)
     if any(isinstance(t, Mapping) for t in held):
         return dumps(tool_definitions(held))
-    key = tuple(map(id, held))
-    hit = _tool_json.get(key)
-    if hit is not None:
-        return hit[1]
     text = dumps(tool_definitions(held))
     if len(_tool_json) >= 256:
         _tool_json.clear()

@@ -74,10 +74,10 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_agent_framework import attributes
 from agl_core import collector, semconv
-from agl_core.encoding import sampler_attributes, set_on
+from agl_core.encoding import set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
-from agl_core.tracer import attach_context, detach_context
+from agl_core.tracer import attach_context, context_with, detach_context, start_with
 
 _MARK = "_agl_agent_framework_original"  # set on every wrapper, holding what it wraps
 
@@ -87,6 +87,7 @@ class _Framework:
 
     ResponseStream: Any = None
     ChatResponse: Any = None
+    AgentResponse: Any = None
     MiddlewareTermination: Any = None
     UserInputRequired: Any = None  # a tool asking for the user's input: a pause, not a failure
     BadArguments: Any = ()  # the framework's argument-validation error: the model's call was bad, the tool never ran
@@ -169,6 +170,8 @@ def _name_of(agent: Any) -> str | None:
 async def _named_await(scope: _AgentScope, awaitable: Any) -> Any:
     with scope:
         result = await awaitable
+    if type(result) is _Framework.AgentResponse:  # the usual answer, told apart before the ABC checks
+        return result
     return _follow_run(scope, result)
 
 
@@ -258,26 +261,40 @@ def _follow_run(scope: _AgentScope, result: Any) -> Any:
 class _LlmCall:
     """One traced model request: its span, current (with the call) while entered; a stream's pull context."""
 
-    __slots__ = ("span", "ctx", "client", "request", "stream", "ended", "awaits_result", "exhausted", "_tokens",
-                 "__weakref__")
+    __slots__ = ("span", "ctx", "client", "request", "recorded", "stream", "ended", "awaits_result", "exhausted",
+                 "_ctx_token", "_call_token", "__weakref__")
 
     def __init__(self, span: trace.Span, client: Any, request: tuple[Any, Any] | None) -> None:
         self.span = span
-        self.ctx = trace.set_span_in_context(span)
+        self.ctx = context_with(span)
         self.client = client
         self.request = request  # (messages, options) not recorded yet: _inner_get_response records what it sends
+        self.recorded: dict[str, Any] | None = None  # the request's attributes, set on the span with the response's
         self.stream: Any = None  # a weak reference to the stream this call's result is
         self.ended = False
         self.awaits_result = False  # the stream hands its final response to on_result
         self.exhausted: Any = None  # the stream's updates, once it reached its end (for on_result or abandon)
 
+    # Entered around the call and around every pull of its stream: _attach and _leave, inlined.
     def __enter__(self) -> _LlmCall:
-        self._tokens = (_attach(self.ctx, "agent_framework.attach"), _call.set(self))
+        try:
+            self._ctx_token = attach_context(self.ctx)
+        except Exception as exc:  # noqa: BLE001 - fail-open: the call goes on, its span just is not current
+            report("agent_framework.attach", exc)
+            self._ctx_token = None
+        self._call_token = _call.set(self)
         return self
 
     def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
-        ctx_token, call_token = self._tokens
-        _leave(ctx_token, _call, call_token)
+        try:
+            _call.reset(self._call_token)
+        except ValueError:  # entered in another context (a stream closed from another one)
+            _call.set(None)
+        if self._ctx_token is not None:
+            try:
+                detach_context(self._ctx_token)
+            except Exception as fault:  # noqa: BLE001
+                report("agent_framework.detach", fault)
         if exc is None or self.ended:
             return
         if et is StopAsyncIteration:
@@ -289,9 +306,10 @@ class _LlmCall:
             self.fail(exc)
 
     def record_request(self, messages: Any, options: Any) -> None:
+        """Take the request's attributes from what is sent now; they reach the span when it ends, in one step."""
         self.request = None
         try:
-            set_on(self.span, attributes.request_messages_attributes(messages, options))
+            self.recorded = attributes.request_messages_attributes(messages, options)
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("agent_framework.request", exc)
 
@@ -321,12 +339,17 @@ class _LlmCall:
             return
         self.ended = True
         span = self.span
+        if self.request is not None:
+            self.record_request(*self.request)
+        attrs = self.recorded or {}
         try:
-            if self.request is not None:
-                messages, options = self.request
-                self.record_request(messages, options)
             if response is not None:
-                set_on(span, attributes.response_attributes(response))
+                attrs.update(attributes.response_attributes(response))
+        except Exception as exc:  # noqa: BLE001 - fail-open: the request's attributes still go on
+            report("agent_framework.response", exc)
+        try:
+            if attrs:
+                set_on(span, attrs)
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("agent_framework.response", exc)
         try:
@@ -340,6 +363,11 @@ class _LlmCall:
         self.ended = True
         if self.request is not None:
             self.record_request(*self.request)
+        try:
+            if self.recorded:
+                set_on(self.span, self.recorded)
+        except Exception as fault:  # noqa: BLE001 - fail-open
+            report("agent_framework.request", fault)
         _end_with_error(self.span, exc, "agent_framework.error")
 
     def on_cleanup(self) -> None:
@@ -369,11 +397,8 @@ def _start_llm(client: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) ->
         client_kwargs = kwargs.get("client_kwargs")
         attrs = attributes.request_attributes(client, options, client_kwargs, bool(kwargs.get("stream")),
                                               _agent_name())
-        span = collector.tracer().start_span(
-            semconv.chat_span_name(attrs.get(semconv.GEN_AI_REQUEST_MODEL)), kind=SpanKind.CLIENT,
-            attributes=sampler_attributes(attrs),
-        )
-        set_on(span, attrs)
+        span = start_with(collector.tracer(), semconv.chat_span_name(attrs.get(semconv.GEN_AI_REQUEST_MODEL)),
+                          attrs, SpanKind.CLIENT)
         return _LlmCall(span, client, (messages, options))
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("agent_framework.request", exc)
@@ -428,7 +453,7 @@ class _ToolRun:
 
     def __init__(self, span: trace.Span, name: str) -> None:
         self.span = span
-        self.ctx = trace.set_span_in_context(span)
+        self.ctx = context_with(span)
         self.name = name
         self.raised: BaseException | None = None  # the tool raised this (the framework made it an error result)
         self.claimed = False  # a FunctionTool.invoke below already reports to this span
@@ -479,12 +504,11 @@ _tool_run: ContextVar[_ToolRun | None] = ContextVar("agl_agent_framework_tool_ru
 def _start_tool(name: Any, call_id: Any, arguments: Any) -> _ToolRun | None:
     span = None
     try:
-        attrs = attributes.tool_start_attributes(str(name), call_id if isinstance(call_id, str) else None,
-                                                 arguments, _agent_name())
-        span = collector.tracer().start_span(semconv.tool_span_name(attrs[semconv.GEN_AI_TOOL_NAME]),
-                                             kind=SpanKind.INTERNAL)
-        set_on(span, attrs)
-        return _ToolRun(span, attrs[semconv.GEN_AI_TOOL_NAME])
+        tool = str(name)
+        attrs = attributes.tool_start_attributes(tool, call_id if isinstance(call_id, str) else None, arguments,
+                                                 _agent_name())
+        span = start_with(collector.tracer(), semconv.tool_span_name(tool), attrs)
+        return _ToolRun(span, tool)
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("agent_framework.tool_request", exc)
         if span is not None:
@@ -555,6 +579,7 @@ class AgentFrameworkInstrumentor(Instrumentor):
     wrapper_mark: ClassVar[str] = _MARK
 
     def _attach(self) -> None:
+        import agent_framework
         import agent_framework._tools as tools_module
         from agent_framework import BaseAgent, BaseChatClient, ChatResponse, FunctionTool, ResponseStream
         from agent_framework._middleware import MiddlewareTermination
@@ -563,6 +588,7 @@ class AgentFrameworkInstrumentor(Instrumentor):
 
         _Framework.ResponseStream = ResponseStream
         _Framework.ChatResponse = ChatResponse
+        _Framework.AgentResponse = getattr(agent_framework, "AgentResponse", None)  # only a fast path: may be absent
         _Framework.MiddlewareTermination = MiddlewareTermination
         _Framework.UserInputRequired = UserInputRequiredException
         _Framework.BadArguments = getattr(tools_module, "_FunctionArgumentValidationError", ())

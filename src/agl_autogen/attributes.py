@@ -204,7 +204,7 @@ def request_attributes(client: Any, messages: Any, tools: Any, extra_create_args
     if model is not None:
         attrs[semconv.GEN_AI_REQUEST_MODEL] = model
     if args:
-        sampling_attributes(args.get, attrs)
+        sampling_attributes(args, attrs)
     if agent:
         attrs[semconv.GEN_AI_AGENT_NAME] = agent
     if messages is not None:

@@ -64,9 +64,10 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_autogen import attributes
 from agl_core import collector, semconv
-from agl_core.encoding import sampler_attributes, set_on
+from agl_core.encoding import set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
+from agl_core.tracer import context_with, start_with
 
 SELECTOR = "selector"
 """The agent name of ``SelectorGroupChat``'s own model calls (the ``source`` AutoGen gives the selector's messages)."""
@@ -128,7 +129,7 @@ class _LlmCall:
 
     def __init__(self, span: trace.Span) -> None:
         self.span = span
-        self.ctx = trace.set_span_in_context(span)
+        self.ctx = context_with(span)
 
     def enter(self) -> tuple[object, Token[bool]]:
         return otel_context.attach(self.ctx), _in_llm.set(True)
@@ -156,11 +157,8 @@ def _start_llm(client: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], st
         messages = args[0] if args else kwargs.get("messages")
         attrs = attributes.request_attributes(client, messages, kwargs.get("tools"), kwargs.get("extra_create_args"),
                                               stream, _agent.get())
-        span = collector.tracer().start_span(
-            semconv.chat_span_name(attrs.get(semconv.GEN_AI_REQUEST_MODEL)), kind=SpanKind.CLIENT,
-            attributes=sampler_attributes(attrs),
-        )
-        set_on(span, attrs)
+        span = start_with(collector.tracer(), semconv.chat_span_name(attrs.get(semconv.GEN_AI_REQUEST_MODEL)),
+                          attrs, SpanKind.CLIENT)
         return _LlmCall(span)
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("autogen.request", exc)
@@ -218,7 +216,7 @@ class _ToolRun:
 
     def __init__(self, span: trace.Span) -> None:
         self.span = span
-        self.ctx = trace.set_span_in_context(span)
+        self.ctx = context_with(span)
         self.raised: BaseException | None = None  # the tool raised this (the workbench turned it into a result)
         self.claimed = False  # a run_json below already reports to this span
         self.shadowed = False  # autogen-core's own tool span was replaced by this one

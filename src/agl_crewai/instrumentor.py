@@ -93,9 +93,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_core import collector, litellm_tokens, semconv
-from agl_core.encoding import sampler_attributes, set_on
+from agl_core.encoding import set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
+from agl_core.tracer import context_with, start_with
 from agl_crewai import attributes
 
 _MARK = "_agl_crewai_original"  # set on every wrapper, holding what it wraps
@@ -225,13 +226,10 @@ def _start_llm(llm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _LLMC
     try:
         attrs = attributes.llm_request_attributes(llm, _arg(args, kwargs, 0, "messages"),
                                                   _arg(args, kwargs, 1, "tools"), _arg(args, kwargs, 5, "from_agent"))
-        span = collector.tracer().start_span(
-            semconv.chat_span_name(attrs.get(semconv.GEN_AI_REQUEST_MODEL)), kind=SpanKind.CLIENT,
-            attributes=sampler_attributes(attrs),
-        )
-        set_on(span, attrs)
+        span = start_with(collector.tracer(), semconv.chat_span_name(attrs.get(semconv.GEN_AI_REQUEST_MODEL)),
+                          attrs, SpanKind.CLIENT)
         call = _LLMCall(llm, span)
-        call.token = otel_context.attach(trace.set_span_in_context(span))
+        call.token = otel_context.attach(context_with(span))
         call.var_token = _llm_call.set(call)
         return call
     except Exception as exc:  # noqa: BLE001 - fail-open
@@ -272,7 +270,7 @@ def _on_tool_started(source: Any, event: Any) -> None:
         llm.asked.append((name, event.tool_args))
     span = collector.tracer().start_span(semconv.tool_span_name(name),
                                          attributes=attributes.tool_start_attributes(name, call_id, event.tool_args))
-    token = otel_context.attach(trace.set_span_in_context(span))
+    token = otel_context.attach(context_with(span))
     _tool.set(_ToolSpan(span, token, name, _tool.get()))
 
 
@@ -360,7 +358,7 @@ def _open(describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict
         if described is None:
             return None
         span = collector.tracer().start_span(described[0], attributes=described[1])
-        return span, otel_context.attach(trace.set_span_in_context(span))
+        return span, otel_context.attach(context_with(span))
     except Exception as exc:  # noqa: BLE001 - fail-open
         report(site, exc)
         return None

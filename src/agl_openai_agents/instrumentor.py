@@ -77,9 +77,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_core import collector, litellm_tokens, semconv, tools
-from agl_core.encoding import sampler_attributes, set_on
+from agl_core.encoding import set_on
 from agl_core.guard import report
 from agl_core.plugin import Instrumentor
+from agl_core.tracer import context_with, start_with
 from agl_openai_agents import attributes
 
 TESTED = "openai-agents >= 0.2.11, < 0.25"
@@ -241,7 +242,7 @@ class _Bridge:
                 span = collector.tracer().start_span(attributes.guardrail_span_name(data.name))
             node = _Node(sdk_span, kind, span, agent, parent)
             if span is not None and mark_current:
-                node.token = otel_context.attach(trace.set_span_in_context(span))
+                node.token = otel_context.attach(context_with(span))
             if len(self.nodes) >= _MAX_OPEN:
                 self.nodes.clear()  # SDK spans that were never finished: forget them rather than grow
             self.nodes[id(sdk_span)] = node
@@ -465,9 +466,7 @@ def _start_call(bridge: _Bridge, model: Any, args: tuple[Any, ...], kwargs: dict
         if node is not None and node.agent:
             attrs[semconv.GEN_AI_AGENT_NAME] = node.agent
         name = attrs.get(semconv.GEN_AI_REQUEST_MODEL)
-        span = collector.tracer().start_span(semconv.chat_span_name(name), kind=SpanKind.CLIENT,
-                                             attributes=sampler_attributes(attrs))
-        set_on(span, attrs)
+        span = start_with(collector.tracer(), semconv.chat_span_name(name), attrs, SpanKind.CLIENT)
         settings = _arg(args, kwargs, 2)
         if settings is not None:
             settings = _with_traceparent(settings, span)

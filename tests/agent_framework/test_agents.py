@@ -268,6 +268,40 @@ class EchoClient(BaseChatClient):
         return respond()
 
 
+class BrokenClient(BaseChatClient):
+    """A user's own chat client whose model fails: before answering (awaited), after its first chunk (streamed)."""
+
+    OTEL_PROVIDER_NAME = "broken"
+
+    def _inner_get_response(self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any],
+                            **kwargs: Any) -> Any:
+        if stream:
+            async def chunks() -> AsyncIterable[ChatResponseUpdate]:
+                yield ChatResponseUpdate(role="assistant", contents=[Content.from_text("partial ")])
+                raise ConnectionError("the model went away")
+
+            return self._build_response_stream(chunks())
+
+        async def respond() -> ChatResponse:
+            raise ConnectionError("the model went away")
+
+        return respond()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["awaited", "streamed"])
+async def test_a_failed_request_keeps_the_prompt_and_tools_it_sent(instrumented: list[str], stream: bool) -> None:
+    agent = Agent(client=BrokenClient(), name="broken", instructions="Answer.", tools=[add])
+    async with agl.rollout(task_id="t-broken") as run:
+        with pytest.raises(Exception, match="the model went away"):
+            await run_text(agent, "what is 2 + 3?", stream)
+    (chat,) = spans(run, "chat")
+    assert chat.status == "error" and chat.end_ns >= chat.start_ns > 0
+    assert "what is 2 + 3?" in chat.attributes[semconv.GEN_AI_INPUT_MESSAGES]
+    assert "Answer." in chat.attributes[semconv.GEN_AI_INPUT_MESSAGES]
+    assert '"add"' in chat.attributes[semconv.GEN_AI_TOOL_DEFINITIONS]
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["awaited", "streamed"])
 async def test_a_client_of_the_users_own_defined_later_is_traced(instrumented: list[str], stream: bool) -> None:
     class LoudEcho(EchoClient):  # defined while instrumented, calling its parent: still one span per request

@@ -85,7 +85,7 @@ def request_attributes(params: Mapping[str, Any], base_url: Any) -> Attributes:
     model = get("model")
     if type(model) is str:
         attrs[semconv.GEN_AI_REQUEST_MODEL] = model
-    sampling_attributes(get, attrs)
+    sampling_attributes(params, attrs)
     messages = get("messages")
     if isinstance(messages, (list, tuple)):
         attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages)
@@ -320,7 +320,7 @@ def responses_request_attributes(params: Mapping[str, Any], base_url: Any) -> At
     model = get("model")
     if type(model) is str:
         attrs[semconv.GEN_AI_REQUEST_MODEL] = model
-    sampling_attributes(get, attrs)
+    sampling_attributes(params, attrs)
     limit = get("max_output_tokens")
     if type(limit) is int:
         attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] = limit

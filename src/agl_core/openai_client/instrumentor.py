@@ -72,11 +72,11 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agl_core import collector, semconv
-from agl_core.encoding import sampler_attributes, set_on
+from agl_core.encoding import set_on
 from agl_core.guard import report
 from agl_core.openai_client import attributes
 from agl_core.plugin import Instrumentor
-from agl_core.tracer import agent_scope
+from agl_core.tracer import agent_scope, context_with, start_with
 
 _TRACEPARENT = "traceparent"
 AGENT_HEADER = "X-Agl-Agent"
@@ -179,13 +179,9 @@ def _start(resource: Any, kwargs: dict[str, Any], types: _Types) -> _Call | None
         client = resource._client
         agent = agent_scope(trace.get_current_span())  # the span this call's starts under, and those above it
         attrs = types.request_attributes(kwargs, getattr(client, "_base_url", None) or client.base_url)
-        span = collector.tracer().start_span(
-            semconv.chat_span_name(kwargs.get("model")), kind=SpanKind.CLIENT,
-            attributes=sampler_attributes(attrs),
-        )
-        set_on(span, attrs)
+        span = start_with(collector.tracer(), semconv.chat_span_name(kwargs.get("model")), attrs, SpanKind.CLIENT)
         kwargs["extra_headers"] = _with_agent(_with_traceparent(kwargs.get("extra_headers"), span), agent)
-        token = otel_context.attach(trace.set_span_in_context(span))
+        token = otel_context.attach(context_with(span))
         return _Call(span, token, kwargs.get("stream") is True)
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("openai.request", exc)
