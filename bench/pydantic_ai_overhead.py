@@ -17,6 +17,10 @@ of its round time minus the baseline's in the same round:
 - ``openinference``: OpenInference's Pydantic AI integration, which is Pydantic AI's own
   instrumentation plus its ``OpenInferenceSpanProcessor`` on the same provider (it
   rewrites Pydantic AI's spans; it has no hooks of its own).
+- ``openinference+openai`` (with the HTTP workloads): the same plus OpenInference's
+  ``OpenAIInstrumentor``, a span of every HTTP request to the model with its wire
+  messages: the like-for-like peer of ``agl``, whose ``openai`` plugin records that
+  request too (with its token ids), which Pydantic AI's own instrumentation does not.
 - ``agl``: what ``agl.instrument()`` gives a Pydantic AI user: the ``pydantic_ai`` plugin
   and the ``openai`` plugin beneath it (two nested LLM spans per request, merged into one
   transition, token ids included), inside an open ``agl.rollout``, with no SDK provider
@@ -78,9 +82,10 @@ def scripted(messages: list[Any], info: AgentInfo) -> ModelResponse:
 
 
 class PydanticAI(harness.Variant):
-    """Pydantic AI's own instrumentation for every agent, on its own SDK provider (plus OpenInference's processor)."""
+    """Pydantic AI's own instrumentation for every agent, on its own SDK provider (plus OpenInference's processor,
+    and its OpenAI instrumentor for a span of each HTTP request, as agl's ``openai`` plugin makes)."""
 
-    def __init__(self, name: str, openinference: bool) -> None:
+    def __init__(self, name: str, openinference: bool, openai: bool = False) -> None:
         self.name = name
         self.provider = harness.sdk_provider()
         if openinference:
@@ -88,13 +93,22 @@ class PydanticAI(harness.Variant):
 
             self.provider.add_span_processor(OpenInferenceSpanProcessor())
         self.settings = InstrumentationSettings(tracer_provider=self.provider)
+        self.openai: Any = None
+        if openai:
+            from openinference.instrumentation.openai import OpenAIInstrumentor
+
+            self.openai = OpenAIInstrumentor()
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         Agent.instrument_all(self.settings)
+        if self.openai is not None:
+            self.openai.instrument(tracer_provider=self.provider, skip_dep_check=True)
         try:
             yield
         finally:
+            if self.openai is not None:
+                self.openai.uninstrument()
             Agent.instrument_all(False)
 
 
@@ -153,7 +167,9 @@ async def _main(args: argparse.Namespace) -> None:
         harness.Variant(), PydanticAI("pydantic-ai", openinference=False), PydanticAI("openinference", True),
         agl_default, Agl("agl-sdk", ["pydantic_ai", "openai"], sdk=True),
         Agl("agl-pydantic-ai", ["pydantic_ai"], sdk=False)]
-    peers = ("pydantic-ai", "openinference")
+    if args.http:
+        variants.insert(3, PydanticAI("openinference+openai", True, openai=True))
+    peers = ("pydantic-ai", "openinference", "openinference+openai")
     turn = iter(range(10**9))
 
     def script(body: dict[str, Any]) -> Any:
@@ -182,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.getLogger("pydantic_ai").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")
-    packages = ("pydantic-ai-slim", "openai", "opentelemetry-sdk", "openinference-instrumentation-pydantic-ai")
+    packages = ("pydantic-ai-slim", "openai", "opentelemetry-sdk", "openinference-instrumentation-pydantic-ai",
+                "openinference-instrumentation-openai")
     print(", ".join(f"{p} {version(p)}" for p in packages))
     print(f"{args.rounds} rounds x {args.runs} runs per variant")
     asyncio.run(_main(args))

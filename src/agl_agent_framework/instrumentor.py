@@ -193,25 +193,33 @@ async def _named_stream(scope: _AgentScope, stream: Any) -> AsyncGenerator[Any, 
 
 
 class _Nested:
-    """Two pull context managers entered as one: the framework's own (outer), then agl's (inner).
+    """The stream's one pull context factory: the framework's own context manager (outer), agl's inside it.
 
     What ``ResponseStream`` does with several factories (an ``ExitStack`` around each pull), without the
-    stack's machinery on every pull.
+    stack's machinery, and without a new object per pull: this is its own factory and context manager,
+    and agl's context manager (the model call or the agent's scope, entered on every pull of the stream)
+    is the same object each time. The pulls of one stream never overlap (an async iterator is pulled one
+    step at a time), so one of these serves them all.
     """
 
-    __slots__ = ("outer", "inner_factory", "inner")
+    __slots__ = ("outer_factory", "inner", "outer")
 
-    def __init__(self, outer: Any, inner_factory: Callable[[], Any]) -> None:
-        self.outer = outer
-        self.inner_factory = inner_factory
+    def __init__(self, outer_factory: Callable[[], Any], inner: Any) -> None:
+        self.outer_factory = outer_factory
+        self.inner = inner
+        self.outer: Any = None
+
+    def __call__(self) -> _Nested:
+        self.outer = self.outer_factory()
+        return self
 
     def __enter__(self) -> Any:
-        value = self.outer.__enter__()
+        outer = self.outer
+        value = outer.__enter__()
         try:
-            self.inner = self.inner_factory()
             self.inner.__enter__()
         except BaseException:
-            self.outer.__exit__(*sys.exc_info())
+            outer.__exit__(*sys.exc_info())
             raise
         return value
 
@@ -223,8 +231,8 @@ class _Nested:
         return bool(self.outer.__exit__(et, exc, tb)) or suppressed
 
 
-def _pull_around(stream: Any, factory: Callable[[], Any]) -> Any:
-    """``stream.with_pull_context_manager(factory)``; merged into the stream's one factory where it has one.
+def _pull_around(stream: Any, inner: Any) -> Any:
+    """``stream.with_pull_context_manager(lambda: inner)``; merged into the stream's one factory where it has one.
 
     The framework's streams already carry a pull context manager of their own (its telemetry layers add
     one, tracing on or off); a second one sends every pull of the stream through an ``ExitStack``, which
@@ -233,10 +241,9 @@ def _pull_around(stream: Any, factory: Callable[[], Any]) -> Any:
     """
     factories = getattr(stream, "_pull_context_manager_factories", None)
     if type(factories) is list and len(factories) == 1:
-        outer = factories[0]
-        factories[0] = lambda: _Nested(outer(), factory)
+        factories[0] = _Nested(factories[0], inner)
         return stream
-    return stream.with_pull_context_manager(factory)
+    return stream.with_pull_context_manager(lambda: inner)
 
 
 def _follow_run(scope: _AgentScope, result: Any) -> Any:
@@ -245,7 +252,7 @@ def _follow_run(scope: _AgentScope, result: Any) -> Any:
         if type(result) is types.CoroutineType:  # an awaited run (the ABC checks below cost more than this one)
             return _named_await(scope, result)
         if isinstance(result, _Framework.ResponseStream):
-            return _pull_around(result, lambda: scope)
+            return _pull_around(result, scope)
         if inspect.isawaitable(result):
             return _named_await(scope, result)
         if inspect.isasyncgen(result):
@@ -415,7 +422,7 @@ def _follow_call(call: _LlmCall, result: Any) -> Any:
         if isinstance(result, _Framework.ResponseStream):
             call.stream = weakref.ref(result)
             weakref.finalize(result, call.abandon)
-            stream = _pull_around(result, lambda: call).with_cleanup_hook(call.on_cleanup)
+            stream = _pull_around(result, call).with_cleanup_hook(call.on_cleanup)
             try:  # the response the framework builds once at the end, rather than agl building it again
                 stream = stream.with_result_hook(call.on_result)
                 call.awaits_result = True

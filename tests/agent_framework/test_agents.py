@@ -557,11 +557,12 @@ async def test_the_merged_pull_context_keeps_the_framework_outside_and_agl_insid
             order.append(f"exit {self.name} {type(exc).__name__ if exc else None}")
             return self.suppress
 
-    with _Nested(Cm("framework"), lambda: Cm("agl")) as value:
+    merged = _Nested(lambda: Cm("framework"), Cm("agl"))  # the stream's factory: one object for every pull
+    with merged() as value:
         assert value == "framework"
-    with pytest.raises(KeyError), _Nested(Cm("framework"), lambda: Cm("agl")):
+    with pytest.raises(KeyError), merged():
         raise KeyError("x")
-    with _Nested(Cm("framework"), lambda: Cm("agl", suppress=True)):
+    with _Nested(lambda: Cm("framework"), Cm("agl", suppress=True))():
         raise KeyError("y")
     assert order == ["enter framework", "enter agl", "exit agl None", "exit framework None",
                      "enter framework", "enter agl", "exit agl KeyError", "exit framework KeyError",
