@@ -7,7 +7,8 @@ framework's API is async-only). Two model clients:
 
 - ``http``: the framework's ``OpenAIChatCompletionClient`` against a fake
   OpenAI-compatible server on 127.0.0.1 (``agl_core.testing.FakeOpenAI``,
-  vLLM-like token ids on);
+  vLLM-like token ids on, in a child process so that the CPU figures are the
+  client's);
 - ``in-process``: a chat client built from the framework's own layers
   (``FunctionInvocationLayer``, ``ChatMiddlewareLayer``, ``ChatTelemetryLayer``
   on ``BaseChatClient``, as its OpenAI clients are) that answers at once, so the
@@ -75,7 +76,6 @@ from opentelemetry import trace
 import agl_core as agl
 import harness
 from agl_core import collector
-from agl_core.testing import FakeOpenAI
 
 SYSTEM = "You are a careful assistant. Use the multiply tool for products."
 TOOL_CALL = {"tool_calls": [{"name": "multiply", "arguments": {"a": 6, "b": 7}}]}
@@ -218,9 +218,9 @@ async def _main(args: argparse.Namespace) -> None:
     variants: list[harness.Variant] = [Baseline(), Framework("framework", False), Framework("openinference", True),
                                        agl_default, Agl("agl-sdk", sdk=True),
                                        Agl("agl+framework", sdk=True, framework=True)]
-    with FakeOpenAI(script=http_policy, return_token_ids=True) as srv:
+    with harness.server_process(script=http_policy, return_token_ids=True) as url:
         http = OpenAIChatCompletionClient(model="fake-model",
-                                          async_client=AsyncOpenAI(base_url=srv.url, api_key="x", max_retries=0))
+                                          async_client=AsyncOpenAI(base_url=url, api_key="x", max_retries=0))
         clients = {"in-process": InProcessClient(), "http": http}
         for client_name in args.clients:
             for stream in (False, True):

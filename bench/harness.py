@@ -90,6 +90,39 @@ class OpenInference(Variant):
                 instrumentor.uninstrument()
 
 
+@contextlib.contextmanager
+def server_process(**fake_openai: Any) -> Iterator[str]:
+    """``agl_core.testing.FakeOpenAI(**fake_openai)`` in a child process (forked, so a script closure needs no
+    pickling), for its URL. In a thread of this process the server's own work would be counted in this
+    process's CPU time, alike for every variant but with its own noise, larger than the overheads measured
+    over HTTP; in a child it is left out, and the CPU figures are the client's alone (wall time still waits
+    for the server)."""
+    import multiprocessing
+
+    from agl_core.testing import FakeOpenAI
+
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+
+    def serve() -> None:
+        with FakeOpenAI(**fake_openai) as server:
+            theirs.send(server.url)
+            try:
+                theirs.recv()  # until this process says stop, or ends
+            except EOFError:
+                pass
+
+    child = context.Process(target=serve, name="FakeOpenAI", daemon=True)
+    child.start()
+    try:
+        yield ours.recv()
+    finally:
+        ours.send("stop")
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+
+
 # --------------------------------------------------------------------------- timing
 
 

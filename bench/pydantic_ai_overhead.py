@@ -3,9 +3,10 @@
 The workload is one agent run with one tool: the model asks for the calculator, the agent
 runs it, the model answers; so each run is two model requests and one tool call. Two
 models: Pydantic AI's ``OpenAIChatModel`` against a fake OpenAI-compatible server on
-127.0.0.1 (``agl_core.testing.FakeOpenAI``, vLLM-like token ids on), plain (``run``) and
-streamed (``run_stream``); and ``FunctionModel`` (no HTTP at all), where the framework's
-own work is all there is and the instrumentations' costs stand out most.
+127.0.0.1 (``agl_core.testing.FakeOpenAI``, vLLM-like token ids on, in a child process so
+that the CPU figures are the client's), plain (``run``) and streamed (``run_stream``); and
+``FunctionModel`` (no HTTP at all), where the framework's own work is all there is and the
+instrumentations' costs stand out most.
 
 Variants, run interleaved in rounds in one process (the order rotates each round, so
 drift on a shared machine hits all alike); a variant's overhead is the median over rounds
@@ -59,7 +60,6 @@ from pydantic_ai.models.instrumented import InstrumentationSettings
 import agl_core as agl
 import harness
 from agl_core import collector
-from agl_core.testing import FakeOpenAI
 
 SYSTEM = "You are a careful assistant. Use the calculator for arithmetic."
 SCRIPT = [{"tool_calls": [{"name": "calculator", "arguments": {"expression": "6 * 7"}}]}, "6 * 7 = 42."]
@@ -175,10 +175,10 @@ async def _main(args: argparse.Namespace) -> None:
     def script(body: dict[str, Any]) -> Any:
         return SCRIPT[next(turn) % 2]
 
-    with FakeOpenAI(script=script, return_token_ids=True) as srv:
+    with harness.server_process(script=script, return_token_ids=True) as url:
         workloads = [("FunctionModel, run (no HTTP)", FunctionModel(scripted), False),
-                     ("OpenAIChatModel on the fake server, run", _chat_model(srv.url), False),
-                     ("OpenAIChatModel on the fake server, run_stream", _chat_model(srv.url), True)]
+                     ("OpenAIChatModel on the fake server, run", _chat_model(url), False),
+                     ("OpenAIChatModel on the fake server, run_stream", _chat_model(url), True)]
         for label, model, stream in workloads if args.http else workloads[:1]:
             agent = _agent(model)
             times = await harness.interleave_async(variants, args.rounds,
