@@ -13,6 +13,7 @@ Run (from the repository root, in the suite's environment the benchmark names)::
 
     .venvs/pydantic_ai/bin/python bench/opcodes.py pydantic_ai [--runs 50] [--top 30]
     .venvs/pydantic_ai/bin/python bench/opcodes.py pydantic_ai_http [--stream]
+    .venvs/pydantic_ai/bin/python bench/opcodes.py pydantic_ai_http --variant pydantic-ai  # a peer's count
     .venvs/agent_framework/bin/python bench/opcodes.py agent_framework [--stream]
 """
 
@@ -79,7 +80,7 @@ class Counter:
         return {key: n / runs for key, n in out.items()}
 
 
-def _pydantic_ai(stream: bool) -> tuple[Callable[[], Awaitable[Any]], Any, Any]:
+def _pydantic_ai(stream: bool, variant: str) -> tuple[Callable[[], Awaitable[Any]], Any, Any]:
     from pydantic_ai.models.function import FunctionModel
 
     import pydantic_ai_overhead as bench
@@ -90,10 +91,19 @@ def _pydantic_ai(stream: bool) -> tuple[Callable[[], Awaitable[Any]], Any, Any]:
     async def run() -> None:  # the benchmark's FunctionModel workload: no stream function, so never streamed
         await agent.run("What is 6 * 7?")
 
-    return run, bench.harness.Variant(), bench.Agl("agl", ["pydantic_ai", "openai"], sdk=False)
+    return run, bench.harness.Variant(), _pydantic_ai_variant(bench, variant)
 
 
-def _pydantic_ai_http(stream: bool) -> tuple[Callable[[], Awaitable[Any]], Any, Any]:
+def _pydantic_ai_variant(bench: Any, name: str) -> Any:
+    """The variant to count against none: agl (``pydantic_ai`` + ``openai``), or the one ``--variant`` names."""
+    if name == "agl":
+        return bench.Agl("agl", ["pydantic_ai", "openai"], sdk=False)
+    if name == "agl-pydantic-ai":
+        return bench.Agl(name, ["pydantic_ai"], sdk=False)
+    return bench.PydanticAI(name, openinference=name != "pydantic-ai", openai=name == "openinference+openai")
+
+
+def _pydantic_ai_http(stream: bool, variant: str) -> tuple[Callable[[], Awaitable[Any]], Any, Any]:
     """The benchmark's ``OpenAIChatModel`` workload against the fake server (started before counting, so its
     thread is not traced: only the client side is counted)."""
     import pydantic_ai_overhead as bench
@@ -111,10 +121,10 @@ def _pydantic_ai_http(stream: bool) -> tuple[Callable[[], Awaitable[Any]], Any, 
         else:
             await agent.run("What is 6 * 7?")
 
-    return run, bench.harness.Variant(), bench.Agl("agl", ["pydantic_ai", "openai"], sdk=False)
+    return run, bench.harness.Variant(), _pydantic_ai_variant(bench, variant)
 
 
-def _agent_framework(stream: bool) -> tuple[Callable[[], Awaitable[Any]], Any, Any]:
+def _agent_framework(stream: bool, variant: str) -> tuple[Callable[[], Awaitable[Any]], Any, Any]:
     from agent_framework import Agent
 
     import agent_framework_overhead as bench
@@ -135,9 +145,9 @@ def _agent_framework(stream: bool) -> tuple[Callable[[], Awaitable[Any]], Any, A
 WORKLOADS = {"pydantic_ai": _pydantic_ai, "pydantic_ai_http": _pydantic_ai_http, "agent_framework": _agent_framework}
 
 
-def count(workload: str, runs: int, stream: bool) -> tuple[dict[Key, float], dict[Key, float]]:
-    """Byte codes per run, per function, with agl off and on (each after a few untimed runs)."""
-    run, off, on = WORKLOADS[workload](stream)
+def count(workload: str, runs: int, stream: bool, variant: str = "agl") -> tuple[dict[Key, float], dict[Key, float]]:
+    """Byte codes per run, per function, with agl (or ``variant``) off and on (each after a few untimed runs)."""
+    run, off, on = WORKLOADS[workload](stream, variant)
     loop = asyncio.new_event_loop()
     counter = Counter()
 
@@ -162,13 +172,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--stream", action="store_true", help="streamed runs (agent_framework, pydantic_ai_http)")
     parser.add_argument("--top", type=int, default=30, help="functions to list")
+    parser.add_argument("--variant", default="agl",
+                        choices=["agl", "agl-pydantic-ai", "pydantic-ai", "openinference", "openinference+openai"],
+                        help="the Pydantic AI workloads: what to count against no instrumentation (a peer's too)")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
-    off, on = count(args.workload, args.runs, args.stream)
+    off, on = count(args.workload, args.runs, args.stream, args.variant)
     diff = {key: on.get(key, 0.0) - off.get(key, 0.0) for key in set(off) | set(on)}
     total = sum(diff.values())
+    who = "agl" if args.workload == "agent_framework" else args.variant
     print(f"{args.workload}{' streamed' if args.stream else ''}: {sum(off.values()):,.0f} byte codes per run "
-          f"without agl, {sum(on.values()):,.0f} with it: agl adds {total:+,.0f}")
+          f"without {who}, {sum(on.values()):,.0f} with it: {who} adds {total:+,.0f}")
     by_package: collections.Counter[str] = collections.Counter()
     for (path, _), n in diff.items():
         by_package[path.split("/", 1)[0]] += n

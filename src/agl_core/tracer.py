@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import context as otel_context
@@ -289,6 +290,29 @@ def context_with(span: trace.Span) -> Context:
         values[_SPAN_KEY] = span
         return Context(values)
     return trace.set_span_in_context(span)
+
+
+class ClientRecord:
+    """Whether agl's span of the HTTP request under a framework's chat span recorded that request whole.
+
+    A framework plugin whose model classes send their requests through a client agl also traces (Pydantic
+    AI's OpenAI models through the ``openai`` SDK) makes one of these current, in :data:`client_record`,
+    while its chat span's request runs. agl's ``openai`` plugin sets ``complete`` when its span of the
+    request ended well with the prompt and the reply it recorded (the wire messages, which the token ids
+    are of). The chat span then leaves its own copy of the messages out: the transition builder reads the
+    messages of a request from the first of its spans that has them, the two spans being one transition.
+    A request that failed, was cut short or went another way (a model on another client, the ``openai``
+    plugin off) leaves ``complete`` False, and the chat span records the messages itself.
+    """
+
+    __slots__ = ("complete",)
+
+    def __init__(self) -> None:
+        self.complete = False
+
+
+client_record: ContextVar[ClientRecord | None] = ContextVar("agl_client_record", default=None)
+"""The :class:`ClientRecord` of the framework model request running now, None outside one."""
 
 
 def agent_scope(span: trace.Span | None) -> str | None:

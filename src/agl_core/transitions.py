@@ -545,7 +545,7 @@ def _merged_across_traces(calls: list[_Call]) -> list[_Call]:
         host = next((o for o in reversed(out) if o.outer.trace_id != call.outer.trace_id
                      and o.outer.start_ns <= call.outer.start_ns and call.outer.end_ns <= o.outer.end_ns
                      and _recorder(o.outer) != _recorder(call.outer)
-                     and _same_messages(o.outer, call.outer)), None)
+                     and _same_messages(o, call)), None)
         if host is None:
             out.append(call)
         else:
@@ -560,10 +560,12 @@ def _recorder(span: Span) -> Any:
     return a.get(semconv.OTEL_SCOPE_NAME) or a.get(semconv.AGL_PLUGIN)
 
 
-def _same_messages(one: Span, other: Span) -> bool:
+def _same_messages(one: _Call, other: _Call) -> bool:
+    """The two calls sent the same prompt and got the same reply, read from the first of each call's spans that
+    holds them (a framework's chat span may leave them to agl's span of the HTTP request nested in it)."""
     try:
-        sides = [[[_gist(m) for m in many_from_genai(_json_attr(s, key) or [])]
-                  for key in (semconv.GEN_AI_INPUT_MESSAGES, semconv.GEN_AI_OUTPUT_MESSAGES)] for s in (one, other)]
+        sides = [[[_gist(m) for m in many_from_genai(_first_json(c, key) or [])]
+                  for key in (semconv.GEN_AI_INPUT_MESSAGES, semconv.GEN_AI_OUTPUT_MESSAGES)] for c in (one, other)]
     except (TypeError, ValueError, AttributeError):
         return False
     return bool(sides[0][1]) and sides[0] == sides[1]

@@ -360,14 +360,19 @@ def tool_definitions_json(params: Any) -> str | None:
 # --------------------------------------------------------------------------- requests and responses
 
 
-def request_attributes(model: Any, messages: Any, settings: Any, params: Any, stream: bool,
-                       memo: RunMemo | None = None) -> Attributes:
-    """The chat span's start attributes for one ``Model.request`` / ``request_stream`` call (``memo``: the run's)."""
+def call_attributes(model: Any, settings: Any, stream: bool) -> Attributes:
+    """The chat span's start attributes for one ``Model.request`` / ``request_stream`` call: the model, the
+    provider, whether it streams, the sampling settings (the messages come at its end: :func:`prompt_attributes`)."""
     attrs = dict(_static(model))
     attrs[semconv.GEN_AI_REQUEST_STREAM] = stream
     if isinstance(settings, Mapping):
         sampling_attributes(settings, attrs)
-    attrs[semconv.GEN_AI_INPUT_MESSAGES] = input_messages_json(messages, memo)
+    return attrs
+
+
+def prompt_attributes(messages: Any, params: Any, memo: RunMemo | None = None) -> Attributes:
+    """The messages sent and the tools offered (``memo``: the run's)."""
+    attrs: Attributes = {semconv.GEN_AI_INPUT_MESSAGES: input_messages_json(messages, memo)}
     tools = tool_definitions_json(params)
     if tools is not None:
         attrs[semconv.GEN_AI_TOOL_DEFINITIONS] = tools
@@ -385,9 +390,11 @@ def _finish_reason(response: Any) -> str | None:
     return None
 
 
-def response_attributes(response: Any, request_model: str | None, memo: RunMemo | None = None) -> Attributes:
+def response_attributes(response: Any, request_model: str | None, memo: RunMemo | None = None,
+                        reply: bool = True) -> Attributes:
     """The chat span's end attributes from a ``ModelResponse`` (what ``request`` returns, or a stream's ``get()``);
-    its history JSON is kept in the run's ``memo`` for the next request, which re-sends it."""
+    its history JSON is kept in the run's ``memo`` for the next request, which re-sends it. ``reply=False``
+    leaves the output message out (agl's span of the HTTP request below recorded it)."""
     attrs: Attributes = {}
     name = _text_attr(response, "model_name") or request_model
     if name is not None:
@@ -403,6 +410,10 @@ def response_attributes(response: Any, request_model: str | None, memo: RunMemo 
     if type(tokens) is int:
         attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = tokens
     reason = _finish_reason(response)
+    if not reply:
+        if reason is not None:
+            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (reason,)
+        return attrs
     text = dumps(response_message(response))
     # the same JSON as dumps([{**response_message(response), "finish_reason": reason}]), its last key
     attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = (f"[{text[:-1]},\"finish_reason\":{dumps(reason)}}}]"

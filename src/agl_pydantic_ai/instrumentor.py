@@ -19,12 +19,15 @@ Hooks, and why each catches every path:
   outer one. The chat span is current while the model sends its request (for a
   stream: while the stream opens and closes, never while the consumer holds
   it), so the span of agl's ``openai`` plugin for the HTTP request nests in it
-  and the two become one transition, with the token ids of that one. Models of
-  Pydantic AI's OpenAI classes (and their subclasses) also get the chat span's
-  W3C ``traceparent`` in ``ModelSettings.extra_headers``, so agl's gateway joins
-  its token-id record to the span for chat completions and the Responses API
-  alike (the caller's own ``traceparent`` wins; the ``openai`` plugin's span of
-  the request, nested in this one, keeps it, so the two stay one transition).
+  and the two become one transition, with the token ids of that one; that span
+  then holds the request's messages and tools as they went over the wire, and
+  the chat span does not encode them again (it does where the request failed or
+  went by no client agl traces: :class:`agl_core.tracer.ClientRecord`). The
+  ``openai`` plugin's span sends its own ``traceparent``, which agl's gateway
+  joins its token-id record to; with that plugin off, models of Pydantic AI's
+  OpenAI classes (and their subclasses) get the chat span's ``traceparent`` in
+  ``ModelSettings.extra_headers`` instead, for chat completions and the
+  Responses API alike (the caller's own ``traceparent`` wins either way).
 - **Agent identity: ``Agent.iter``.** Every way of running an agent goes
   through it (``run`` and ``run_stream`` call it; ``run_sync`` and
   ``run_stream_events`` call ``run``; a ``WrapperAgent`` or a durable agent
@@ -74,8 +77,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from agl_core import collector, semconv
 from agl_core.encoding import set_on
 from agl_core.guard import report
+from agl_core.openai_client.instrumentor import traces_requests
 from agl_core.plugin import Instrumentor
-from agl_core.tracer import attach_context, context_with, detach_context, start_with
+from agl_core.tracer import ClientRecord, attach_context, client_record, context_with, detach_context, start_with
 from agl_pydantic_ai import attributes
 
 TESTED = "pydantic-ai-slim >= 2.60, < 3"
@@ -85,8 +89,6 @@ _TRACEPARENT = "traceparent"
 
 _scope: ContextVar[_Scope | None] = ContextVar("agl_pydantic_ai_scope", default=None)
 """The agent run (or graph node) whose code is running now (one variable: the framework copies every one set)."""
-_in_llm: ContextVar[bool] = ContextVar("agl_pydantic_ai_in_llm", default=False)
-"""True while a traced model call runs: a model called inside another one is not traced again."""
 
 
 class UnsupportedLayout(NotImplementedError):
@@ -223,30 +225,49 @@ def _request_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, A
 
 
 class _Call:
-    """One model call in flight: its span, the context that makes it current, and the arguments to pass on."""
+    """One model call in flight: its span, the context that makes it current, the arguments to pass on, and
+    what its messages are recorded from when it ends.
 
-    __slots__ = ("span", "context", "args", "kwargs", "model_name", "memo")
+    The messages sent and the tools offered are written when the call ends, and only when agl's span of the
+    HTTP request (the ``openai`` plugin's, nested in this one) did not record the request whole
+    (:class:`~agl_core.tracer.ClientRecord`): the builder takes a request's messages from the first of its
+    spans that has them, so encoding them twice buys nothing. A call that failed records them, as does
+    every call of a model on no client agl traces.
+    """
+
+    __slots__ = ("span", "context", "args", "kwargs", "model_name", "memo", "history", "params", "record")
 
     def __init__(self, span: trace.Span, context: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 model_name: str | None, memo: attributes.RunMemo | None) -> None:
+                 model_name: str | None, memo: attributes.RunMemo | None, history: list[Any], params: Any) -> None:
         self.span = span
         self.context = context
         self.args = args
         self.kwargs = kwargs
         self.model_name = model_name
         self.memo = memo
+        self.history = history  # the messages as sent: the framework appends to its own list afterwards
+        self.params = params
+        self.record = ClientRecord()
 
-    def enter(self) -> tuple[Any, Token[bool]]:
-        return _attach(self.context, "pydantic_ai.attach"), _in_llm.set(True)
+    def enter(self) -> tuple[Any, Token[ClientRecord | None]]:
+        return _attach(self.context, "pydantic_ai.attach"), client_record.set(self.record)
 
     @staticmethod
-    def leave(tokens: tuple[Any, Token[bool]]) -> None:
-        _reset(_in_llm, tokens[1], False)
+    def leave(tokens: tuple[Any, Token[ClientRecord | None]]) -> None:
+        _reset(client_record, tokens[1], None)
         _detach(tokens[0], "pydantic_ai.detach")
+
+    def _response(self, response: Any) -> dict[str, Any]:
+        """The attributes to end with: the response's, and the prompt's unless the span below recorded both."""
+        if self.record.complete:
+            return attributes.response_attributes(response, self.model_name, self.memo, reply=False)
+        attrs = attributes.prompt_attributes(self.history, self.params, self.memo)
+        attrs.update(attributes.response_attributes(response, self.model_name, self.memo))
+        return attrs
 
     def end(self, response: Any) -> None:
         try:
-            set_on(self.span, attributes.response_attributes(response, self.model_name, self.memo))
+            set_on(self.span, self._response(response))
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("pydantic_ai.model_response", exc)
         self.span.end()
@@ -255,7 +276,7 @@ class _Call:
         """Record what the stream delivered; a stream that stopped before the model finished is a failed call."""
         try:
             response = stream.get()
-            set_on(self.span, attributes.response_attributes(response, self.model_name, self.memo))
+            set_on(self.span, self._response(response))
             if attributes.unfinished(response):
                 self.span.set_attribute(semconv.ERROR_TYPE, "StreamClosedUnfinished")
                 self.span.set_status(Status(StatusCode.ERROR, "the stream was closed before the model finished"))
@@ -264,6 +285,11 @@ class _Call:
         self.span.end()
 
     def fail(self, exc: BaseException) -> None:
+        if not self.record.complete:
+            try:  # a failed request keeps the prompt and the tools it sent
+                set_on(self.span, attributes.prompt_attributes(self.history, self.params, self.memo))
+            except Exception as fault:  # noqa: BLE001 - fail-open
+                report("pydantic_ai.model_request", fault)
         _fail(self.span, exc, "pydantic_ai.model_error")
 
 
@@ -276,26 +302,27 @@ class _Plugin:
 
     def start_call(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stream: bool) -> _Call | None:
         """Open the chat span of one model call, or None when agl stays out (a nested call, or a fault)."""
-        if not self.active or _in_llm.get():
+        if not self.active or client_record.get() is not None:  # a model inside a traced one
             return None
         span = None
         try:
             scope = _scope.get()
             memo = scope.memo if scope is not None else None
             messages, settings, params = _request_args(args, kwargs)
-            attrs = attributes.request_attributes(model, messages, settings, params, stream, memo)
+            attrs = attributes.call_attributes(model, settings, stream)
             if scope is not None and scope.name:
                 attrs[semconv.GEN_AI_AGENT_NAME] = scope.name
             name = attrs.get(semconv.GEN_AI_REQUEST_MODEL)
             span = start_with(collector.tracer(), semconv.chat_span_name(name), attrs, SpanKind.CLIENT)
             if self.framework.openai_models and isinstance(model, self.framework.openai_models) \
+                    and not traces_requests() \
                     and "extra_headers" not in (getattr(model, "unsupported_settings", None) or ()):
                 settings = _with_traceparent(settings, span)
                 if len(args) > 1:
                     args = (args[0], settings, *args[2:])
                 else:
                     kwargs = {**kwargs, "model_settings": settings}
-            return _Call(span, context_with(span), args, kwargs, name, memo)
+            return _Call(span, context_with(span), args, kwargs, name, memo, list(messages or ()), params)
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("pydantic_ai.model_request", exc)
             if span is not None:

@@ -404,6 +404,20 @@ def test_best_of_n_calls_answered_alike_in_traces_of_their_own_stay_two_transiti
     assert len(TransitionBuilder().build(rollout(*scoped, reward(1.0))).transitions) == 2
 
 
+def test_a_request_whose_messages_are_on_a_nested_span_still_joins_its_record_from_another_trace() -> None:
+    """A framework chat span leaves the messages to agl's span of the HTTP request nested in it: the call
+    matches another instrumentation's record of the same request (a trace of its own) by the messages of
+    the call, wherever in it they are, not by its outermost span alone."""
+    outer = _in_trace(llm(None, "say one", "A", plugin="pydantic_ai"), "f1", 100, 400)
+    for key in (semconv.GEN_AI_INPUT_MESSAGES, semconv.GEN_AI_OUTPUT_MESSAGES):
+        del outer.attributes[key]
+    inner = _in_trace(llm(outer, "say one", "A"), "f1", 110, 390)
+    other = _in_trace(llm(None, "say one", "A", ids=True), "f2", 150, 300, **{semconv.OTEL_SCOPE_NAME: "oi.openai"})
+    del other.attributes[semconv.AGL_PLUGIN]
+    (t,) = TransitionBuilder().build(rollout(outer, inner, other, reward(1.0))).transitions
+    assert t.span_id == outer.span_id and t.response_token_ids == [3, 4]
+
+
 def test_one_request_two_instrumentations_recorded_in_traces_of_their_own_is_one_transition() -> None:
     """OpenInference's LangChain and OpenAI instrumentors share no context: the request is two roots."""
     outer = _in_trace(llm(None, "say one", "A"), "e1", 100, 400, **{semconv.OTEL_SCOPE_NAME: "oi.langchain"})

@@ -109,8 +109,8 @@ def test_an_agent_with_a_tool_gives_one_transition_per_request_with_the_servers_
     assert (tool.attributes[semconv.GEN_AI_TOOL_NAME], tool.attributes[semconv.GEN_AI_TOOL_CALL_ID],
             tool.attributes[semconv.AGL_TOOL_STATUS], tool.attributes[semconv.GEN_AI_TOOL_CALL_RESULT]) == \
         ("lookup", "call_1", "ok", "Paris: 21C")
-    # the gateway's join key: the traceparent that reached the server is this plugin's span
-    assert [r.headers["traceparent"] for r in srv.requests] == [f"00-{s.trace_id}-{s.span_id}-01" for s in ours]
+    # the gateway's join key: the traceparent that reached the server is the openai plugin's span, in this one
+    assert [r.headers["traceparent"] for r in srv.requests] == [f"00-{s.trace_id}-{s.span_id}-01" for s in inner]
 
 
 def test_an_agent_nobody_named_gets_its_variable_name_or_pydantic_ais_default() -> None:
@@ -311,3 +311,66 @@ def test_a_prompt_given_as_a_list_reaches_the_transition_as_sent(plugins: list[s
             for r in srv.requests]
     assert {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]} in sent[0]
     assert [t.prompt for t in run.trajectory().transitions] == sent
+
+
+@pytest.mark.parametrize("how", ["run", "run_stream"])
+def test_the_chat_span_leaves_the_messages_to_the_openai_span_that_recorded_the_request(how: str) -> None:
+    """Over the ``openai`` client, that plugin's span of each request holds its messages and tools: the chat
+    span around it does not encode them again. The transitions are what went over the wire, with or
+    without token ids: the prompts the chat span alone gives, the tools as sent (``strict`` included) and
+    the tool call's arguments as the server wrote them."""
+    def run_with(plugins: list[str]) -> tuple[Any, FakeOpenAI]:
+        agl.uninstrument()
+        assert list(agl.instrument(plugins)) == plugins
+        try:
+            with FakeOpenAI(script=[LOOKUP, "Paris is at 21C."]) as srv:
+                with agl.rollout("once") as run:
+                    assert run_agent(weather_agent(srv), "Weather in Paris?", how) == "Paris is at 21C."
+        finally:
+            agl.uninstrument()
+        return run, srv
+
+    run, srv = run_with(["pydantic_ai", "openai"])
+    alone, alone_srv = run_with(["pydantic_ai"])
+    # the gateway's join key: the openai plugin's span where it is on, else the chat span (one transition)
+    chats = spans(alone, semconv.OP_CHAT)
+    assert [r.headers["traceparent"] for r in alone_srv.requests] == [f"00-{s.trace_id}-{s.span_id}-01"
+                                                                      for s in chats]
+    both = run.trajectory().transitions
+    assert [t.prompt for t in both] == [t.prompt for t in alone.trajectory().transitions]
+    assert [t.tools for t in both] == [r.body["tools"] for r in srv.requests]
+    assert both[0].response["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'  # the server's text
+    assert both[1].response == {"role": "assistant", "content": "Paris is at 21C."}
+    chats = spans(run, semconv.OP_CHAT)
+    content = (semconv.GEN_AI_INPUT_MESSAGES, semconv.GEN_AI_OUTPUT_MESSAGES, semconv.GEN_AI_TOOL_DEFINITIONS)
+    for ours in by_plugin(chats, "pydantic_ai"):
+        assert [ours.attributes.get(key) for key in content] == [None] * 3
+        assert ours.attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS]  # what is not content stays
+    for inner in by_plugin(chats, "openai"):
+        assert all(inner.attributes.get(key) for key in content)
+
+
+def test_a_request_the_openai_span_did_not_record_whole_keeps_its_messages_on_the_chat_span() -> None:
+    """A failed request, and a stream closed before the model finished: the chat span holds the prompt and the
+    tools it sent, whatever the span below it has."""
+    with FakeOpenAI(status=500) as srv:
+        with agl.rollout("failed") as run:
+            with pytest.raises(Exception, match="500"):  # the SDK's status error, through Pydantic AI
+                weather_agent(srv).run_sync("Weather in Paris?")
+    (failed,) = by_plugin(spans(run, semconv.OP_CHAT), "pydantic_ai")
+    assert failed.status == "error"
+    assert "Weather in Paris?" in failed.attributes[semconv.GEN_AI_INPUT_MESSAGES]
+    assert "lookup" in failed.attributes[semconv.GEN_AI_TOOL_DEFINITIONS]
+
+    async def cut_short(agent: Agent[None, Any]) -> None:
+        async with agent.run_stream("Weather in Paris?") as result:
+            async for _ in result.stream_text(delta=True, debounce_by=None):
+                break  # the caller leaves mid-answer
+
+    with FakeOpenAI(script=["Paris is at 21C. " * 20]) as srv:
+        with agl.rollout("cut") as run:
+            asyncio.run(cut_short(weather_agent(srv)))
+    (cut,) = by_plugin(spans(run, semconv.OP_CHAT), "pydantic_ai")
+    assert cut.status == "error"
+    assert "Weather in Paris?" in cut.attributes[semconv.GEN_AI_INPUT_MESSAGES]
+    assert "lookup" in cut.attributes[semconv.GEN_AI_TOOL_DEFINITIONS]

@@ -4,7 +4,10 @@ Every agl function the plugin's hooks call is found by introspection (``agl_pyda
 agl helpers it and the instrumentor import, ``collector.tracer``) and made to raise in turn while a
 workload runs against the fake server: an agent with a tool that works, one that asks for a retry and
 one whose output fails validation, run plain and streamed with structured output, an agent delegating to
-another, and a graph whose node calls a model directly. A hook added later is covered without editing
+another, and a graph whose node calls a model directly. The weather agent runs once more, and the graph's
+model is, on a ``FunctionModel`` replaying the same answers: on a model that no client plugin records
+below it, the chat span encodes the messages itself (over the ``openai`` client, that plugin's span of
+the request holds them). A hook added later is covered without editing
 this file. Each fault is logged once and counted; functions the workload cannot reach are listed in
 ``NOT_ON_PATH`` (and the test checks they really are not reached).
 """
@@ -61,12 +64,30 @@ ROUND = [
     _calls(("final_result", {"city": "Oslo", "celsius": 3}, "o3")),
     _calls(("ask", {"question": "Oslo?"}, "d1")),
     "Oslo is cold.", "The helper says Oslo is cold.",
-    "A graph answer.",
 ]
 
 
-def _weather(srv: FakeOpenAI) -> Agent[None, Answer]:
-    agent: Agent[None, Answer] = Agent(chat_model(srv), name="weather", output_type=Answer,
+def _replayed(script: list[Any]) -> Any:
+    """A ``FunctionModel`` answering with ``script``'s replies (the fake server's form) in turn, over and over."""
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    def response(entry: Any) -> ModelResponse:
+        if isinstance(entry, str):
+            return ModelResponse(parts=[TextPart(entry)])
+        return ModelResponse(parts=[ToolCallPart(c["name"], c["arguments"], tool_call_id=c["id"])
+                                    for c in entry["tool_calls"]])
+
+    turn = iter(range(1 << 30))
+
+    def reply(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return response(script[next(turn) % len(script)])
+
+    return FunctionModel(reply)
+
+
+def _weather(model: Any) -> Agent[None, Answer]:
+    agent: Agent[None, Answer] = Agent(model, name="weather", output_type=Answer,
                                        instructions="Be brief.", system_prompt="You answer weather questions.")
 
     @agent.tool_plain
@@ -101,7 +122,7 @@ def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
             # a history whose first request holds only a system prompt: the plain conversion path
             history = [ModelRequest(parts=[SystemPromptPart("You answer in one line.")], instructions="Be brief."),
                        ModelRequest.user_text_prompt(self.question, instructions="Be brief.")]
-            reply = await model_request(chat_model(srv), history)
+            reply = await model_request(_replayed(["A graph answer."]), history)
             return End(reply.parts[0].content)
 
     builder = GraphBuilder(input_type=Ask, output_type=str)
@@ -109,9 +130,10 @@ def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
     graph = builder.build()
 
     async def go() -> None:
-        out.append((await _weather(srv).run(f"Weather in Oslo? ({uuid.uuid4()})")).output)
-        async with _weather(srv).run_stream("Weather in Oslo?") as result:
+        out.append((await _weather(chat_model(srv)).run(f"Weather in Oslo? ({uuid.uuid4()})")).output)
+        async with _weather(chat_model(srv)).run_stream("Weather in Oslo?") as result:
             out.append(await result.get_output())
+        out.append((await _weather(_replayed(ROUND[:3])).run(["Weather in Oslo?"])).output)  # a prompt of parts
         out.append((await lead.run(["Ask the helper."])).output)  # a prompt of parts
         out.append(await graph.run(inputs=Ask("Anything?")))
 
@@ -128,7 +150,7 @@ def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
 
 def failing_agent(srv: FakeOpenAI) -> tuple[type[BaseException], str]:
     with pytest.raises(Exception) as caught:
-        _weather(srv).run_sync("q")
+        _weather(chat_model(srv)).run_sync("q")
     return type(caught.value), str(caught.value)
 
 

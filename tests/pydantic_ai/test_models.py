@@ -70,8 +70,8 @@ def test_the_responses_api_model_is_one_transition_per_request_with_exact_token_
     outer, inner = by_plugin(chats, "pydantic_ai"), by_plugin(chats, "openai")
     assert len(outer) == len(inner) == 2  # one span each per request, nested: never a doubled transition
     assert [c.parent_id for c in inner] == [c.span_id for c in outer]
-    # the framework span's traceparent goes out (the caller's header wins in the openai plugin): a gateway joins on it
-    assert [r.headers["traceparent"] for r in requests] == [f"00-{c.trace_id}-{c.span_id}-01" for c in outer]
+    # the openai plugin's span's traceparent goes out, nested in the framework span: a gateway joins on it
+    assert [r.headers["traceparent"] for r in requests] == [f"00-{c.trace_id}-{c.span_id}-01" for c in inner]
 
 
 def test_the_callers_own_traceparent_is_kept() -> None:

@@ -76,7 +76,7 @@ from agl_core.encoding import set_on
 from agl_core.guard import report
 from agl_core.openai_client import attributes
 from agl_core.plugin import Instrumentor
-from agl_core.tracer import agent_scope, context_with, start_with
+from agl_core.tracer import ClientRecord, agent_scope, client_record, context_with, start_with
 
 _TRACEPARENT = "traceparent"
 AGENT_HEADER = "X-Agl-Agent"
@@ -120,12 +120,13 @@ def _with_agent(headers: Any, agent: str | None) -> Any:
 class _Call:
     """One in-flight call: its span and the context token that made it current."""
 
-    __slots__ = ("span", "token", "stream")
+    __slots__ = ("span", "token", "stream", "record")
 
     def __init__(self, span: trace.Span, token: object, stream: bool) -> None:
         self.span = span
         self.token = token
         self.stream = stream
+        self.record = client_record.get()  # a framework chat span's, told when this span recorded the request
 
     def detach(self) -> None:
         try:
@@ -168,6 +169,13 @@ def _one_shot(value: Any) -> bool:
     return hasattr(value, "__iter__") and not isinstance(value, (list, tuple, str, bytes, Mapping))
 
 
+def _base_url(client: Any) -> Any:
+    """The client's base URL, read where the SDK keeps it: openai 3 makes ``base_url`` a property that
+    imports a module on every read, openai 1 and 2 hold it in ``_base_url``."""
+    held = getattr(client, "__dict__", None) or {}
+    return held.get("_configured_base_url") or held.get("_base_url") or client.base_url
+
+
 def _start(resource: Any, kwargs: dict[str, Any], types: _Types) -> _Call | None:
     """Open the span for ``create(**kwargs)``; edits ``kwargs`` in place (headers, re-iterable messages)."""
     span = None
@@ -178,7 +186,7 @@ def _start(resource: Any, kwargs: dict[str, Any], types: _Types) -> _Call | None
                 kwargs[key] = list(value)  # we read it before openai does: it must not reach openai empty
         client = resource._client
         agent = agent_scope(trace.get_current_span())  # the span this call's starts under, and those above it
-        attrs = types.request_attributes(kwargs, getattr(client, "_base_url", None) or client.base_url)
+        attrs = types.request_attributes(kwargs, _base_url(client))
         span = start_with(collector.tracer(), semconv.chat_span_name(kwargs.get("model")), attrs, SpanKind.CLIENT)
         kwargs["extra_headers"] = _with_agent(_with_traceparent(kwargs.get("extra_headers"), span), agent)
         token = otel_context.attach(context_with(span))
@@ -242,22 +250,30 @@ class _ResponsesTypes(_Types):
         return attributes.ResponsesStreamAccumulator()
 
 
+def _recorded(record: ClientRecord | None) -> None:
+    """This span recorded its request whole (prompt and reply): the framework chat span around it need not."""
+    if record is not None:
+        record.complete = True
+
+
 def _finish(call: _Call, result: Any, types: _Types) -> Any:
     """Record the response on the span and end it, or hand back a stream proxy that will; never raises."""
     span = call.span
     try:
         if isinstance(result, types.completion):
             set_on(span, types.response_attributes(result))
+            _recorded(call.record)
         elif isinstance(result, types.stream):
-            return SyncStreamProxy(result, span, types.accumulator())
+            return SyncStreamProxy(result, span, types.accumulator(), call.record)
         elif isinstance(result, types.async_stream):
-            return AsyncStreamProxy(result, span, types.accumulator())
+            return AsyncStreamProxy(result, span, types.accumulator(), call.record)
         elif isinstance(result, types.legacy_response):
             if call.stream:
-                return RawStreamProxy(result, span, types)
+                return RawStreamProxy(result, span, types, call.record)
             parsed = result.parse()  # cached by the SDK: the caller's parse() returns this same object
             if isinstance(parsed, types.completion):
                 set_on(span, types.response_attributes(parsed))
+                _recorded(call.record)
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("openai.response", exc)
     try:
@@ -270,12 +286,13 @@ def _finish(call: _Call, result: Any, types: _Types) -> Any:
 class _StreamSpan:
     """The span of one streamed call and what its chunks said; ends exactly once."""
 
-    __slots__ = ("span", "acc", "done")
+    __slots__ = ("span", "acc", "done", "record")
 
-    def __init__(self, span: trace.Span, acc: Any) -> None:
+    def __init__(self, span: trace.Span, acc: Any, record: ClientRecord | None = None) -> None:
         self.span = span
         self.acc = acc
         self.done = False
+        self.record = record
 
     def add(self, chunk: Any) -> None:
         try:
@@ -317,6 +334,8 @@ class _StreamSpan:
             self.span.end()
         except Exception as fault:  # noqa: BLE001
             report("openai.stream_end", fault)
+            return
+        _recorded(self.record)
 
 
 class _ResponseProxy(_Proxy):
@@ -348,10 +367,11 @@ class RawStreamProxy(_Proxy):
     the request side only.
     """
 
-    def __init__(self, wrapped: Any, span: trace.Span, types: _Types) -> None:
+    def __init__(self, wrapped: Any, span: trace.Span, types: _Types, record: ClientRecord | None = None) -> None:
         super().__init__(wrapped)
         self._self_span = span
         self._self_types = types
+        self._self_record = record
         self._self_stream: Any = None
         self._self_ended = False
 
@@ -362,9 +382,9 @@ class RawStreamProxy(_Proxy):
         try:
             types = self._self_types
             if not args and not kwargs and isinstance(parsed, types.stream):
-                self._self_stream = SyncStreamProxy(parsed, self._self_span, types.accumulator())
+                self._self_stream = SyncStreamProxy(parsed, self._self_span, types.accumulator(), self._self_record)
             elif not args and not kwargs and isinstance(parsed, types.async_stream):
-                self._self_stream = AsyncStreamProxy(parsed, self._self_span, types.accumulator())
+                self._self_stream = AsyncStreamProxy(parsed, self._self_span, types.accumulator(), self._self_record)
             else:
                 self._end()
                 return parsed
@@ -390,9 +410,9 @@ class RawStreamProxy(_Proxy):
 class SyncStreamProxy(_Proxy):
     """A ``Stream[ChatCompletionChunk]`` that records its chunks on the call's span."""
 
-    def __init__(self, wrapped: Any, span: trace.Span, acc: Any) -> None:
+    def __init__(self, wrapped: Any, span: trace.Span, acc: Any, record: ClientRecord | None = None) -> None:
         super().__init__(wrapped)
-        self._self_state = _StreamSpan(span, acc)
+        self._self_state = _StreamSpan(span, acc, record)
 
     def __iter__(self) -> SyncStreamProxy:
         return self  # Stream.__iter__ drains the same underlying iterator as __next__
@@ -439,9 +459,9 @@ class SyncStreamProxy(_Proxy):
 class AsyncStreamProxy(_Proxy):
     """An ``AsyncStream[ChatCompletionChunk]`` that records its chunks on the call's span."""
 
-    def __init__(self, wrapped: Any, span: trace.Span, acc: Any) -> None:
+    def __init__(self, wrapped: Any, span: trace.Span, acc: Any, record: ClientRecord | None = None) -> None:
         super().__init__(wrapped)
-        self._self_state = _StreamSpan(span, acc)
+        self._self_state = _StreamSpan(span, acc, record)
 
     def __aiter__(self) -> AsyncStreamProxy:
         return self
@@ -556,3 +576,12 @@ class OpenAIInstrumentor(Instrumentor):
             return _finish(call, result, types)
 
         return create
+
+
+def traces_requests() -> bool:
+    """Whether the ``openai`` plugin is on: every request through the SDK then gets a span of its own,
+    current while it is sent, and that span's ``traceparent`` unless the caller set one (a framework's chat
+    span around the request need not send its own: the gateway's record joins the span below it, which is
+    the same transition)."""
+    plugin = OpenAIInstrumentor._instance
+    return plugin is not None and bool(plugin._active)
