@@ -14,7 +14,7 @@ framework's API is async-only). Two model clients:
   on ``BaseChatClient``, as its OpenAI clients are) that answers at once, so the
   differences are not lost in the HTTP round trip's noise.
 
-Variants, run interleaved in rounds in one process (the order rotates each round,
+Variants, run interleaved in rounds in one process (the order is shuffled each round,
 so drift on a shared machine hits all alike); a variant's overhead is the median
 over rounds of its round time minus the baseline's in the same round:
 

@@ -8,7 +8,7 @@ summary; so each turn is one model request and one tool call. The agent's contex
 is reset between turns. AutoGen is async-only, so the two modes are the agent's
 two model paths: ``create`` and ``create_stream`` (``model_client_stream=True``).
 
-Variants, run interleaved in rounds in one process (the order rotates each round,
+Variants, run interleaved in rounds in one process (the order is shuffled each round,
 so drift on a shared machine hits all alike); a variant's overhead is the median
 over rounds of its round time minus the baseline's in the same round:
 

@@ -10,7 +10,7 @@ call. Two LLMs serve it:
 - ``offline``: a ``BaseLLM`` subclass that answers at once, so the figure is
   crewai's own machinery plus the instrumentation, with no HTTP noise.
 
-Variants, interleaved in rounds in one process (the order rotates each round,
+Variants, interleaved in rounds in one process (the order is shuffled each round,
 so drift on a noisy machine hits all alike); a variant's overhead is the median
 over rounds of its round time minus the baseline's in the same round:
 

@@ -5,7 +5,7 @@ instrumentation; OpenInference; agl in its set-ups), each switched on by its ``a
 context manager for one round at a time. On a shared machine the speed of the process
 drifts over seconds (other jobs, CPU frequency, caches), by more than the overheads
 measured, so the variants are never timed one after another in blocks. Instead every
-round runs each variant once, in an order that rotates from round to round, and a
+round runs each variant once, in an order shuffled anew each round, and a
 variant's overhead is the median over rounds of its time minus the baseline's *in the same
 round*: drift moves both sides of each difference alike and cancels, a round that a burst
 of noise hit is outvoted by the median, and no variant always runs first or last. Round 0
@@ -14,6 +14,10 @@ between overheads (agl's over OpenInference's) hold steady from run to run.
 
 Each round is timed in wall time, what an agent waits, and in the process's CPU time,
 which leaves out what other processes take from this one and so is the steadier figure.
+
+Each timed stretch starts with ``gc.collect()``: the garbage of the variant timed before (an SDK's
+spans, a stream's chunks) is collected then, not charged to whichever variant comes next (over HTTP,
+where a run makes many more objects, that spill-over moved agl's ratios by a tenth or two).
 
 Two more guards against a busy machine, the same for every variant: a benchmark may have
 each round start with ``warmup`` untimed calls (``time_calls(..., warmup=1)``), so the
@@ -29,6 +33,8 @@ Scripts run as ``python bench/<name>.py`` put this folder on the path, so ``impo
 from __future__ import annotations
 
 import contextlib
+import gc
+import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -130,6 +136,7 @@ def time_calls(call: Callable[[], object], calls: int, warmup: int = 0) -> Timin
     """µs per call of ``calls`` calls, in wall and in process CPU time (after ``warmup`` untimed calls)."""
     for _ in range(warmup):
         call()
+    gc.collect()  # what the variant timed before this one left behind is not collected in this one's time
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         call()
@@ -140,6 +147,7 @@ async def time_calls_async(call: Callable[[], Awaitable[object]], calls: int, wa
     """``time_calls`` for a coroutine function, awaited one call after another."""
     for _ in range(warmup):
         await call()
+    gc.collect()
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         await call()
@@ -158,14 +166,19 @@ def median_us(fn: Callable[[], object], calls: int, repeats: int = 3) -> float:
 
 
 def _order(variants: Sequence[Variant], rounds: int) -> Iterator[tuple[int, Variant]]:
-    """(round, variant) for ``rounds`` + 1 rounds, each round's order rotated by one from the last."""
+    """(round, variant) for ``rounds`` + 1 rounds, each round in an order of its own, shuffled (seeded, so every
+    run of a benchmark times the same orders). A rotation would keep the cyclic order, so that one variant
+    always ran right after the same other one and took over what that one left in the caches and the heap."""
+    rng = random.Random(len(variants) * 1000 + rounds)
     for r in range(rounds + 1):
-        for i in range(len(variants)):
-            yield r, variants[(r + i) % len(variants)]
+        order = list(variants)
+        rng.shuffle(order)
+        for variant in order:
+            yield r, variant
 
 
 def interleave(variants: Sequence[Variant], rounds: int, run: Callable[[], Timing]) -> Times:
-    """Time ``run`` once per variant per round, in rotating order; round 0 warms up and is dropped."""
+    """Time ``run`` once per variant per round, in shuffled order; round 0 warms up and is dropped."""
     times: Times = {v.name: [] for v in variants}
     for r, variant in _order(variants, rounds):
         with variant.active():

@@ -19,7 +19,7 @@ Both record the same content per call: input and output messages, tool
 definitions, invocation parameters, model and provider, and a tool span with
 its arguments and result.
 
-The variants run interleaved in rounds, in one process (the order rotates each
+The variants run interleaved in rounds, in one process (the order is shuffled each
 round), so drift on a noisy machine hits all of them alike; the overhead of a
 variant is the median over rounds of its round time minus the baseline's in the
 same round. Afterwards, agl's map of in-flight runs is checked to be empty.

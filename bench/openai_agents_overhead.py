@@ -10,7 +10,7 @@ through ``Runner.run_sync`` (sync) and ``await Runner.run`` (async). Two models:
   same ``generation_span`` the SDK's own models open, so no network time hides
   the instrumentation's cost (the steadier figure on a noisy machine).
 
-Variants, interleaved in rounds (the order rotates each round) so drift on a
+Variants, interleaved in rounds (the order is shuffled each round) so drift on a
 shared machine hits all of them alike; each round gives µs per turn per
 variant, and a variant's overhead is the median over rounds of its round time
 minus the baseline's in the same round:

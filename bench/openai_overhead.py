@@ -3,7 +3,7 @@
 One process, one fake OpenAI-compatible server (``agl_core.testing.FakeOpenAI``,
 vLLM-like token ids on), one plain ``openai`` client; each call sends a short
 conversation whose last user turn is new, as an agent loop does. The variants run
-interleaved in rounds (the order rotates each round), so drift on a noisy
+interleaved in rounds (the order is shuffled each round), so drift on a noisy
 machine hits all of them alike; each round gives µs/call per variant, and the
 overhead of a variant is the median over rounds of its round time minus the
 baseline's in the same round.
