@@ -275,11 +275,16 @@ class _Call:
     def end_stream(self, stream: Any) -> None:
         """Record what the stream delivered; a stream that stopped before the model finished is a failed call."""
         try:
-            response = stream.get()
-            set_on(self.span, self._response(response))
-            if attributes.unfinished(response):
-                self.span.set_attribute(semconv.ERROR_TYPE, "StreamClosedUnfinished")
-                self.span.set_status(Status(StatusCode.ERROR, "the stream was closed before the model finished"))
+            if self.record.complete:
+                # the span below saw the model finish and recorded the reply: the stream's own fields give the
+                # rest, without building the whole response (``get()`` assembles every part again)
+                set_on(self.span, attributes.response_attributes(stream, self.model_name, reply=False))
+            else:
+                response = stream.get()
+                set_on(self.span, self._response(response))
+                if attributes.unfinished(response):
+                    self.span.set_attribute(semconv.ERROR_TYPE, "StreamClosedUnfinished")
+                    self.span.set_status(Status(StatusCode.ERROR, "the stream was closed before the model finished"))
         except Exception as exc:  # noqa: BLE001 - fail-open
             report("pydantic_ai.stream_response", exc)
         self.span.end()

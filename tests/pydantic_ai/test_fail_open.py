@@ -4,10 +4,10 @@ Every agl function the plugin's hooks call is found by introspection (``agl_pyda
 agl helpers it and the instrumentor import, ``collector.tracer``) and made to raise in turn while a
 workload runs against the fake server: an agent with a tool that works, one that asks for a retry and
 one whose output fails validation, run plain and streamed with structured output, an agent delegating to
-another, and a graph whose node calls a model directly. The weather agent runs once more, and the graph's
-model is, on a ``FunctionModel`` replaying the same answers: on a model that no client plugin records
-below it, the chat span encodes the messages itself (over the ``openai`` client, that plugin's span of
-the request holds them). A hook added later is covered without editing
+another, and a graph whose node calls a model directly. The weather agent runs again (plain and
+streamed), and the graph's model is, on a ``FunctionModel`` replaying the same answers: on a model that
+no client plugin records below it, the chat span encodes the messages itself (over the ``openai``
+client, that plugin's span of the request holds them). A hook added later is covered without editing
 this file. Each fault is logged once and counted; functions the workload cannot reach are listed in
 ``NOT_ON_PATH`` (and the test checks they really are not reached).
 """
@@ -15,9 +15,10 @@ this file. Each fault is logged once and counted; functions the workload cannot 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +71,7 @@ ROUND = [
 def _replayed(script: list[Any]) -> Any:
     """A ``FunctionModel`` answering with ``script``'s replies (the fake server's form) in turn, over and over."""
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
-    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
     def response(entry: Any) -> ModelResponse:
         if isinstance(entry, str):
@@ -83,7 +84,15 @@ def _replayed(script: list[Any]) -> Any:
     def reply(messages: list[Any], info: AgentInfo) -> ModelResponse:
         return response(script[next(turn) % len(script)])
 
-    return FunctionModel(reply)
+    async def streamed(messages: list[Any], info: AgentInfo) -> AsyncIterator[Any]:
+        entry = script[next(turn) % len(script)]
+        if isinstance(entry, str):
+            yield entry
+            return
+        yield {i: DeltaToolCall(c["name"], json.dumps(c["arguments"]), tool_call_id=c["id"])
+               for i, c in enumerate(entry["tool_calls"])}
+
+    return FunctionModel(reply, stream_function=streamed)
 
 
 def _weather(model: Any) -> Agent[None, Answer]:
@@ -134,6 +143,8 @@ def agent(srv: FakeOpenAI, during: Callable[[], None] = lambda: None,
         async with _weather(chat_model(srv)).run_stream("Weather in Oslo?") as result:
             out.append(await result.get_output())
         out.append((await _weather(_replayed(ROUND[:3])).run(["Weather in Oslo?"])).output)  # a prompt of parts
+        async with _weather(_replayed([ROUND[0], ROUND[2]])).run_stream("Weather in Oslo?") as result:
+            out.append(await result.get_output())
         out.append((await lead.run(["Ask the helper."])).output)  # a prompt of parts
         out.append(await graph.run(inputs=Ask("Anything?")))
 
