@@ -410,18 +410,15 @@ def response_attributes(response: Any, request_model: str | None, memo: RunMemo 
     if type(tokens) is int:
         attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = tokens
     reason = _finish_reason(response)
-    if not reply:
-        if reason is not None:
-            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (reason,)
-        return attrs
-    text = dumps(response_message(response))
-    # the same JSON as dumps([{**response_message(response), "finish_reason": reason}]), its last key
-    attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = (f"[{text[:-1]},\"finish_reason\":{dumps(reason)}}}]"
-                                             if reason is not None else f"[{text}]")
-    if memo is not None and getattr(response, "kind", None) == "response":
-        # the next request re-sends this response as history, and its JSON there is this one without the
-        # finish reason (``_message_json``): remembered now rather than converted again then
-        memo.remember(response, text)
+    if reply:
+        text = dumps(response_message(response))
+        # the same JSON as dumps([{**response_message(response), "finish_reason": reason}]), its last key
+        attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = (f"[{text[:-1]},\"finish_reason\":{dumps(reason)}}}]"
+                                                 if reason is not None else f"[{text}]")
+        if memo is not None and getattr(response, "kind", None) == "response":
+            # the next request re-sends this response as history, and its JSON there is this one without the
+            # finish reason (``_message_json``): remembered now rather than converted again then
+            memo.remember(response, text)
     if reason is not None:
         attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (reason,)
     return attrs

@@ -378,3 +378,43 @@ def test_a_request_the_openai_span_did_not_record_whole_keeps_its_messages_on_th
     assert cut.status == "error"
     assert "Weather in Paris?" in cut.attributes[semconv.GEN_AI_INPUT_MESSAGES]
     assert "lookup" in cut.attributes[semconv.GEN_AI_TOOL_DEFINITIONS]
+
+
+def test_a_client_span_a_users_sampler_drops_leaves_the_messages_on_the_chat_span() -> None:
+    """Under a user's SDK provider whose sampler records no chat span nested in another, the ``openai`` span
+    records nothing: the chat span keeps the messages, and each request is still one transition."""
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+    from opentelemetry.util._once import Once
+
+    class NoNestedChats(Sampler):
+        def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
+                          attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:
+            parent = otel_trace.get_current_span(parent_context)
+            nested = (attributes or {}).get(semconv.GEN_AI_OPERATION_NAME) == semconv.OP_CHAT and \
+                (getattr(parent, "attributes", None) or {}).get(semconv.GEN_AI_OPERATION_NAME) == semconv.OP_CHAT
+            return SamplingResult(Decision.DROP if nested else Decision.RECORD_AND_SAMPLE, attributes)
+
+        def get_description(self) -> str:
+            return "no nested chats"
+
+    saved = (otel_trace._TRACER_PROVIDER, otel_trace._TRACER_PROVIDER_SET_ONCE)
+    provider = TracerProvider(sampler=NoNestedChats())
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    otel_trace._TRACER_PROVIDER_SET_ONCE = Once()
+    otel_trace.set_tracer_provider(provider)
+    try:
+        with FakeOpenAI(script=[LOOKUP, "Paris is at 21C."]) as srv:
+            with agl.rollout("sampled") as run:
+                assert run_agent(weather_agent(srv), "Weather in Paris?", "run_stream") == "Paris is at 21C."
+    finally:
+        otel_trace._TRACER_PROVIDER, otel_trace._TRACER_PROVIDER_SET_ONCE = saved
+    chats = spans(run, semconv.OP_CHAT)
+    assert by_plugin(chats, "openai") == [] and len(by_plugin(chats, "pydantic_ai")) == 2
+    traj = run.trajectory()
+    assert traj.skipped == [] and len(traj.transitions) == 2
+    assert traj.transitions[0].prompt[-1] == {"role": "user", "content": "Weather in Paris?"}
+    assert traj.transitions[1].response == {"role": "assistant", "content": "Paris is at 21C."}

@@ -250,9 +250,10 @@ class _ResponsesTypes(_Types):
         return attributes.ResponsesStreamAccumulator()
 
 
-def _recorded(record: ClientRecord | None) -> None:
-    """This span recorded its request whole (prompt and reply): the framework chat span around it need not."""
-    if record is not None:
+def _recorded(record: ClientRecord | None, span: trace.Span) -> None:
+    """``span``, not ended yet, recorded its request whole (prompt and reply): the framework chat span around it
+    need not. A span that records nothing (a user's sampler dropped it) leaves the chat span to record them."""
+    if record is not None and span.is_recording():
         record.complete = True
 
 
@@ -262,7 +263,7 @@ def _finish(call: _Call, result: Any, types: _Types) -> Any:
     try:
         if isinstance(result, types.completion):
             set_on(span, types.response_attributes(result))
-            _recorded(call.record)
+            _recorded(call.record, span)
         elif isinstance(result, types.stream):
             return SyncStreamProxy(result, span, types.accumulator(), call.record)
         elif isinstance(result, types.async_stream):
@@ -273,7 +274,7 @@ def _finish(call: _Call, result: Any, types: _Types) -> Any:
             parsed = result.parse()  # cached by the SDK: the caller's parse() returns this same object
             if isinstance(parsed, types.completion):
                 set_on(span, types.response_attributes(parsed))
-                _recorded(call.record)
+                _recorded(call.record, span)
     except Exception as exc:  # noqa: BLE001 - fail-open
         report("openai.response", exc)
     try:
@@ -331,11 +332,10 @@ class _StreamSpan:
                                 "the stream was closed before the model finished its answer (no finish_reason)")
             return
         try:
+            _recorded(self.record, self.span)
             self.span.end()
         except Exception as fault:  # noqa: BLE001
             report("openai.stream_end", fault)
-            return
-        _recorded(self.record)
 
 
 class _ResponseProxy(_Proxy):
