@@ -42,16 +42,6 @@ PEERS = ["pydantic-ai", "openinference", "openinference+openai"]
 OURS = ["agl", "agl-pydantic-ai"]
 
 
-def _variant(bench: Any, name: str) -> Any:
-    if name == "none":
-        return bench.harness.Variant()
-    if name == "agl":
-        return bench.Agl(name, ["pydantic_ai", "openai"], sdk=False)
-    if name == "agl-pydantic-ai":
-        return bench.Agl(name, ["pydantic_ai"], sdk=False)
-    return bench.PydanticAI(name, openinference=name != "pydantic-ai", openai=name == "openinference+openai")
-
-
 def child(variant: str, runs: int, url: str | None, stream: bool) -> None:
     """One variant's runs, in this process (under callgrind): 5 warm-up runs, then ``runs`` counted ones."""
     from pydantic_ai.models.function import FunctionModel
@@ -71,7 +61,7 @@ def child(variant: str, runs: int, url: str | None, stream: bool) -> None:
                 await agent.run("What is 6 * 7?")
 
     loop = asyncio.new_event_loop()
-    with _variant(bench, variant).active():
+    with bench.variant(variant).active():
         loop.run_until_complete(many(5))
         gc.collect()
         gc.freeze()

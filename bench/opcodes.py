@@ -91,16 +91,7 @@ def _pydantic_ai(stream: bool, variant: str) -> tuple[Callable[[], Awaitable[Any
     async def run() -> None:  # the benchmark's FunctionModel workload: no stream function, so never streamed
         await agent.run("What is 6 * 7?")
 
-    return run, bench.harness.Variant(), _pydantic_ai_variant(bench, variant)
-
-
-def _pydantic_ai_variant(bench: Any, name: str) -> Any:
-    """The variant to count against none: agl (``pydantic_ai`` + ``openai``), or the one ``--variant`` names."""
-    if name == "agl":
-        return bench.Agl("agl", ["pydantic_ai", "openai"], sdk=False)
-    if name == "agl-pydantic-ai":
-        return bench.Agl(name, ["pydantic_ai"], sdk=False)
-    return bench.PydanticAI(name, openinference=name != "pydantic-ai", openai=name == "openinference+openai")
+    return run, bench.harness.Variant(), bench.variant(variant)
 
 
 def _pydantic_ai_http(stream: bool, variant: str) -> tuple[Callable[[], Awaitable[Any]], Any, Any]:
@@ -121,7 +112,7 @@ def _pydantic_ai_http(stream: bool, variant: str) -> tuple[Callable[[], Awaitabl
         else:
             await agent.run("What is 6 * 7?")
 
-    return run, bench.harness.Variant(), _pydantic_ai_variant(bench, variant)
+    return run, bench.harness.Variant(), bench.variant(variant)
 
 
 def _agent_framework(stream: bool, variant: str) -> tuple[Callable[[], Awaitable[Any]], Any, Any]:

@@ -134,6 +134,19 @@ class Agl(harness.Variant):
             self.spans.append(len(run.rollout.spans) - 1)
 
 
+def variant(name: str) -> harness.Variant:
+    """One of this benchmark's variants by its name (``opcodes.py`` and ``instructions.py`` count them one by one)."""
+    if name == "none":
+        return harness.Variant()
+    if name == "agl":
+        return Agl(name, ["pydantic_ai", "openai"], sdk=False)
+    if name == "agl-pydantic-ai":
+        return Agl(name, ["pydantic_ai"], sdk=False)
+    if name in ("pydantic-ai", "openinference", "openinference+openai"):
+        return PydanticAI(name, openinference=name != "pydantic-ai", openai=name == "openinference+openai")
+    raise ValueError(f"no variant named {name!r}")
+
+
 # --------------------------------------------------------------------------- the workloads
 
 
